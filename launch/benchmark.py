@@ -1,0 +1,40 @@
+"""Speed benchmarks, side by side with a named peer.
+
+  python -m launch.benchmark --suite sampler
+  python -m launch.benchmark --suite env
+
+Prints a readable table; the last line is one JSON object with at least `suite`, `ours`, `peer`, `unit` and
+`speedup` (ours / peer, higher is better), plus per-suite fields.
+"""
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+
+from launch import benchmarks
+
+
+def available_suites() -> list[str]:
+  return sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if not m.name.startswith("_"))
+
+
+def main(argv: list[str] | None = None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--suite", required=True, help=f"one of {available_suites()}")
+  args, rest = parser.parse_known_args(argv)
+  if args.suite not in available_suites():
+    parser.error(f"unknown suite {args.suite!r}; choose one of {available_suites()}")
+  module = importlib.import_module(f"launch.benchmarks.{args.suite}")
+  result = module.run(rest)
+  for key in ("suite", "ours", "peer", "unit", "speedup"):
+    if key not in result:
+      raise RuntimeError(f"suite {args.suite!r} returned no {key!r}")
+  sys.stdout.flush()
+  print(json.dumps(result))
+  return result
+
+
+if __name__ == "__main__":
+  main()

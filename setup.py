@@ -1,0 +1,47 @@
+"""evolver: a JAX research codebase for self-evolving LLM agents."""
+
+import setuptools
+
+INSTALL_REQUIRES = [
+    "jax>=0.6",
+    "flax>=0.11",
+    "optax>=0.2.4",
+    "orbax-checkpoint>=0.11",
+    "transformers>=4.45",
+    "tokenizers>=0.20",
+    "safetensors>=0.4",
+    "scann>=1.4",
+    "gin-config>=0.5",
+    "absl-py>=2.0",
+    "tensorflow-datasets>=4.9.7",
+    "array_record>=0.5",
+    "importlib_resources",
+    "grain>=0.2",
+    "numpy>=1.26",
+    "tqdm>=4.66",
+    "minigrid>=3.0",
+    "gymnasium>=1.0",
+    "tensorboardX>=2.6",
+]
+
+EXTRAS_REQUIRE = {
+    "test": [
+        "pytest>=8",
+        "pytest-xdist>=3.5",
+        "hypothesis>=6.100",
+        # Reference checks against transformers' PyTorch models only; the CPU wheel.
+        "torch==2.13.0",
+    ],
+}
+
+setuptools.setup(
+    name="evolver",
+    version="0.1.0",
+    description="A JAX research codebase in which LLM agents evolve themselves.",
+    packages=setuptools.find_packages(include=["evolver", "evolver.*"]),
+    package_data={"evolver": ["assets/**/*", "envs/data/*"]},
+    include_package_data=True,
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+)
