@@ -1,0 +1,327 @@
+"""Flax NNX decoder of the Llama / Qwen2 family: RMSNorm, RoPE, GQA, SwiGLU, optional biases, tied embeddings.
+
+Weights are laid out for the matmuls that run, not for the checkpoint: projections are `[in, ..., out]`,
+query/key/value kernels keep a heads axis (`[D, H, hd]`) so sharding by heads is a plain axis, and the gate
+and up projections are one `[D, 2, F]` kernel (one matmul). `evolver.models.hf` converts to and from
+transformers' layout.
+
+Two entry points:
+- `model(input_ids [B, T] int) -> logits [B, T, V] float32`: full causal forward (training, scoring).
+- `model.forward_chunk(tokens, valid, cache) -> (logits, cache)`: runs a chunk of new tokens against a KV cache
+  (prefill is a chunk on an empty cache, decoding a chunk of one). Used by the sampler.
+"""
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from evolver.models.config import ModelConfig, resolve_dtype
+from evolver.models.sharding import constrain
+
+_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+class KVCache(NamedTuple):
+  """Per-layer key/value buffers plus bookkeeping; a pytree.
+
+  keys, values: per layer `[B, Hkv, S, hd]` (S = capacity). valid: `[B, S]` bool, which slots hold a real
+  token (left padding and finished rows leave holes). end: int32 scalar, the next slot to write (shared by
+  all rows). next_pos: `[B]` int32, the RoPE position of each row's next real token.
+  """
+
+  keys: tuple[jax.Array, ...]
+  values: tuple[jax.Array, ...]
+  valid: jax.Array
+  end: jax.Array
+  next_pos: jax.Array
+
+  @property
+  def capacity(self) -> int:
+    return self.valid.shape[1]
+
+  @property
+  def batch_size(self) -> int:
+    return self.valid.shape[0]
+
+
+def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None) -> KVCache:
+  """An empty cache of `capacity` slots per row."""
+  dtype = resolve_dtype(config.dtype) if dtype is None else dtype
+  shape = (batch_size, config.num_kv_heads, capacity, config.resolved_head_dim)
+  zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+  return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+                 valid=jnp.zeros((batch_size, capacity), bool), end=jnp.zeros((), jnp.int32),
+                 next_pos=jnp.zeros((batch_size,), jnp.int32))
+
+
+def grow_cache(cache: KVCache, capacity: int) -> KVCache:
+  """Pads the cache to `capacity` slots (new slots invalid). Attention cost follows capacity, so the
+  sampler grows the cache in buckets instead of allocating the maximum length up front."""
+  extra = capacity - cache.capacity
+  if extra < 0:
+    raise ValueError(f"cannot shrink a cache of {cache.capacity} slots to {capacity}")
+  if extra == 0:
+    return cache
+  pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
+  return cache._replace(keys=tuple(map(pad, cache.keys)), values=tuple(map(pad, cache.values)),
+                        valid=jnp.pad(cache.valid, ((0, 0), (0, extra))))
+
+
+def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float | None = None, init: str = "normal") -> nnx.Param:
+  if init == "ones":
+    value = jnp.ones(shape, dtype)
+  elif init == "zeros":
+    value = jnp.zeros(shape, dtype)
+  else:
+    std = scale if scale is not None else 0.02
+    value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  return nnx.Param(value, logical_axes=tuple(axes))
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, eps: float, param_dtype, *, rngs: nnx.Rngs):
+    self.scale = _param(rngs, (dim,), ("norm",), param_dtype, init="ones")
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.scale.get_value().astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Rotary embedding, rotate-half convention (as transformers). x `[B, T, H, hd]`, positions `[B, T]` int."""
+  hd = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, hd/2]
+  cos = jnp.cos(angles)[:, :, None, :].astype(x.dtype)
+  sin = jnp.sin(angles)[:, :, None, :].astype(x.dtype)
+  x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """GQA as plain batched matmuls over (batch, kv head).
+
+  q `[B, T, H, hd]`; k, v `[B, Hkv, S, hd]`; mask `[B, T, S]` bool (True = attend). Returns `[B, T, H, hd]`.
+  Scores and softmax are float32.
+  """
+  b, t, h, hd = q.shape
+  hkv = k.shape[1]
+  g = h // hkv
+  # [B, T, Hkv, G, hd] -> [B, Hkv, G*T, hd]: query rows of one KV head form one matmul.
+  qg = q.reshape(b, t, hkv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, hd)
+  scores = jnp.einsum("bkmd,bksd->bkms", qg, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
+  scores = scores.reshape(b, hkv, g, t, -1)
+  scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, hkv, g * t, -1)
+  out = jnp.einsum("bkms,bksd->bkmd", probs, v, preferred_element_type=jnp.float32).astype(q.dtype)
+  return out.reshape(b, hkv, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    d, h, hkv, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.resolved_head_dim
+    pdt = resolve_dtype(config.param_dtype)
+    self.config = config
+    self.q = _param(rngs, (d, h, hd), ("embed", "q_heads", "head_dim"), pdt)
+    self.k = _param(rngs, (d, hkv, hd), ("embed", "kv_heads", "head_dim"), pdt)
+    self.v = _param(rngs, (d, hkv, hd), ("embed", "kv_heads", "head_dim"), pdt)
+    self.o = _param(rngs, (h, hd, d), ("q_heads", "head_dim", "embed"), pdt)
+    if config.qkv_bias:
+      self.q_bias = _param(rngs, (h, hd), ("q_heads", "head_dim"), pdt, init="zeros")
+      self.k_bias = _param(rngs, (hkv, hd), ("kv_heads", "head_dim"), pdt, init="zeros")
+      self.v_bias = _param(rngs, (hkv, hd), ("kv_heads", "head_dim"), pdt, init="zeros")
+    if config.o_bias:
+      self.o_bias = _param(rngs, (d,), ("embed",), pdt, init="zeros")
+
+  def _project(self, x, name):
+    dtype = x.dtype
+    out = jnp.einsum("btd,dhk->bthk", x, getattr(self, name).get_value().astype(dtype))
+    if self.config.qkv_bias:
+      out = out + getattr(self, f"{name}_bias").get_value().astype(dtype)
+    return out
+
+  def __call__(self, x, positions, mask, kv_cache=None, write_index=None):
+    """x `[B, T, D]`; positions `[B, T]`; mask `[B, T, S]`. Without a cache S = T (self-attention over the
+    chunk); with `kv_cache=(k, v)` `[B, Hkv, S, hd]` the chunk's keys/values are written at `write_index`
+    first and S is the cache capacity. Returns (out `[B, T, D]`, (k, v) or None)."""
+    theta = self.config.rope_theta
+    q = rope(self._project(x, "q"), positions, theta)
+    k = rope(self._project(x, "k"), positions, theta)
+    v = self._project(x, "v")
+    q = constrain(q, ("batch", "length", "act_heads", "head_dim"))
+    k = k.transpose(0, 2, 1, 3)  # [B, Hkv, T, hd]
+    v = v.transpose(0, 2, 1, 3)
+    if kv_cache is not None:
+      k_cache, v_cache = kv_cache
+      k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, 0, write_index, 0))
+      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, 0, write_index, 0))
+      new_cache = (k, v)
+    else:
+      new_cache = None
+    k = constrain(k, ("batch", "act_kv_heads", "cache_length", "head_dim"))
+    v = constrain(v, ("batch", "act_kv_heads", "cache_length", "head_dim"))
+    attn = grouped_attention(q, k.astype(x.dtype), v.astype(x.dtype), mask)
+    out = jnp.einsum("bthk,hkd->btd", attn, self.o.get_value().astype(x.dtype))
+    if self.config.o_bias:
+      out = out + self.o_bias.get_value().astype(x.dtype)
+    return out, new_cache
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    d, f = config.hidden_size, config.intermediate_size
+    pdt = resolve_dtype(config.param_dtype)
+    self.config = config
+    self.gate_up = _param(rngs, (d, 2, f), ("embed", None, "mlp"), pdt)
+    self.down = _param(rngs, (f, d), ("mlp", "embed"), pdt)
+    if config.mlp_bias:
+      self.gate_up_bias = _param(rngs, (2, f), (None, "mlp"), pdt, init="zeros")
+      self.down_bias = _param(rngs, (d,), ("embed",), pdt, init="zeros")
+
+  def __call__(self, x):
+    dtype = x.dtype
+    gu = jnp.einsum("btd,dgf->btgf", x, self.gate_up.get_value().astype(dtype))
+    if self.config.mlp_bias:
+      gu = gu + self.gate_up_bias.get_value().astype(dtype)
+    gu = constrain(gu, ("batch", "length", None, "act_mlp"))
+    hidden = jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1]
+    out = hidden @ self.down.get_value().astype(dtype)
+    if self.config.mlp_bias:
+      out = out + self.down_bias.get_value().astype(dtype)
+    return out
+
+
+class Block(nnx.Module):
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    pdt = resolve_dtype(config.param_dtype)
+    self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, pdt, rngs=rngs)
+    self.attn = Attention(config, rngs=rngs)
+    self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, pdt, rngs=rngs)
+    self.mlp = MLP(config, rngs=rngs)
+
+  def __call__(self, x, positions, mask, kv_cache=None, write_index=None):
+    attn_out, new_cache = self.attn(self.attn_norm(x), positions, mask, kv_cache, write_index)
+    x = constrain(x + attn_out, ("batch", "length", "act_embed"))
+    x = constrain(x + self.mlp(self.mlp_norm(x)), ("batch", "length", "act_embed"))
+    return x, new_cache
+
+
+def _remat_policy(name: str):
+  return {"full": None, "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[name]
+
+
+class Decoder(nnx.Module):
+  """The policy: token ids in, float32 logits out."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    pdt = resolve_dtype(config.param_dtype)
+    self.config = config
+    self.embed = _param(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"), pdt)
+    self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+    self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, pdt, rngs=rngs)
+    if not config.tie_embeddings:
+      self.lm_head = _param(rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"), pdt)
+
+  # -- pieces -------------------------------------------------------------------------------------------
+
+  def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+    dtype = resolve_dtype(self.config.dtype)
+    x = jnp.take(self.embed.get_value(), tokens, axis=0).astype(dtype)
+    return constrain(x, ("batch", "length", "act_embed"))
+
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    """Final norm and LM head. hidden `[B, T, D]` -> logits `[B, T, V]` float32."""
+    h = self.final_norm(hidden)
+    if self.config.tie_embeddings:
+      out = jnp.einsum("btd,vd->btv", h, self.embed.get_value().astype(h.dtype), preferred_element_type=jnp.float32)
+    else:
+      out = jnp.einsum("btd,dv->btv", h, self.lm_head.get_value().astype(h.dtype), preferred_element_type=jnp.float32)
+    return constrain(out, ("batch", "length", "act_vocab"))
+
+  def _run_layers(self, x, positions, mask, cache: KVCache | None):
+    new_keys, new_values = [], []
+    for i, layer in enumerate(self.layers):
+      kv = None if cache is None else (cache.keys[i], cache.values[i])
+      write_index = None if cache is None else cache.end
+      if self.config.remat != "none" and cache is None:
+        x, _ = nnx.remat(lambda blk, *a: blk(*a), policy=_remat_policy(self.config.remat))(layer, x, positions, mask)
+      else:
+        x, kv = layer(x, positions, mask, kv, write_index)
+      if kv is not None:
+        new_keys.append(kv[0])
+        new_values.append(kv[1])
+    return x, new_keys, new_values
+
+  # -- entry points -------------------------------------------------------------------------------------
+
+  def hidden_states(self, input_ids: jax.Array, *, valid: jax.Array | None = None) -> jax.Array:
+    """Final-layer hidden states `[B, T, D]` before the final norm. `valid` `[B, T]` marks real tokens
+    (default all); padding may sit anywhere, positions count real tokens only."""
+    b, t = input_ids.shape
+    if valid is None:
+      valid = jnp.ones((b, t), bool)
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    else:
+      valid = valid.astype(bool)
+      positions = jnp.maximum(jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1, 0)
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    mask = causal[None] & valid[:, None, :]
+    x, _, _ = self._run_layers(self.embed_tokens(input_ids), positions, mask, None)
+    return x
+
+  def __call__(self, input_ids: jax.Array, *, valid: jax.Array | None = None) -> jax.Array:
+    """input_ids `[B, T]` int -> logits `[B, T, V]` float32."""
+    check_token_ids(input_ids, self.config.vocab_size)
+    return self.logits(self.hidden_states(input_ids, valid=valid))
+
+  def forward_chunk(self, tokens: jax.Array, valid: jax.Array, cache: KVCache, *,
+                    last_only: bool = True) -> tuple[jax.Array, KVCache]:
+    """Runs new tokens against the cache and appends them to it.
+
+    tokens, valid: `[B, C]` (left-padded: a row's real tokens end at the chunk's last column). The chunk is
+    written at slots [end, end + C); the caller makes sure the capacity allows it. Returns logits `[B, V]`
+    at the last column (or `[B, C, V]` with last_only=False), float32, and the updated cache.
+    """
+    b, c = tokens.shape
+    valid = valid.astype(bool)
+    positions = cache.next_pos[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
+    positions = jnp.maximum(positions, 0)
+    slot_valid = jax.lax.dynamic_update_slice(cache.valid, valid, (0, cache.end))
+    slots = jnp.arange(cache.capacity, dtype=jnp.int32)
+    query_slots = cache.end + jnp.arange(c, dtype=jnp.int32)
+    mask = slot_valid[:, None, :] & (slots[None, None, :] <= query_slots[None, :, None])
+    x, keys, values = self._run_layers(self.embed_tokens(tokens), positions, mask, cache)
+    if last_only:
+      x = x[:, -1:]
+    logits = self.logits(x)
+    if last_only:
+      logits = logits[:, 0]
+    new_cache = KVCache(keys=tuple(keys), values=tuple(values), valid=slot_valid, end=cache.end + c,
+                        next_pos=cache.next_pos + jnp.sum(valid, axis=1, dtype=jnp.int32))
+    return logits, new_cache
+
+
+def check_token_ids(input_ids, vocab_size: int) -> None:
+  """Raises a clear error for ids outside [0, vocab_size) when the ids are concrete (not traced)."""
+  if isinstance(input_ids, jax.core.Tracer):
+    return
+  ids = np.asarray(input_ids)
+  if not np.issubdtype(ids.dtype, np.integer):
+    raise TypeError(f"token ids must be integers, got dtype {ids.dtype}")
+  if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    raise ValueError(f"token ids out of the vocabulary [0, {vocab_size}): {sorted(set(bad.tolist()))[:10]}")
+
+
+def make_model(config: ModelConfig, seed: int = 0) -> Decoder:
+  return Decoder(config, rngs=nnx.Rngs(params=seed))
