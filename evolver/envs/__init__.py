@@ -1,0 +1,52 @@
+"""Environments: the Env protocol, the built-in suite, the HTTP server and the `RemoteEnv` client.
+
+  env = evolver.envs.make("maze")
+  first = env.reset(3, split="train")
+  observation, reward, done, info = env.step(env.expert_action())
+
+No JAX here, and nothing else of evolver: the suite runs as its own service (`python -m launch.serve_env`).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from evolver.envs.base import Env, EnvError, EpisodeNotStartedError, TextEnv
+
+# name -> "module:class"; modules are imported on first use (BabyAI pulls in minigrid).
+_REGISTRY = {
+    "babyai": "evolver.envs.babyai:BabyAIEnv",
+    "maze": "evolver.envs.maze:MazeEnv",
+    "sql": "evolver.envs.sql:SqlEnv",
+    "textcraft": "evolver.envs.textcraft:TextCraftEnv",
+    "tools": "evolver.envs.tools:ToolsEnv",
+    "wordle": "evolver.envs.wordle:WordleEnv",
+}
+
+
+def names() -> list[str]:
+  """The built-in environments, sorted."""
+  return sorted(_REGISTRY)
+
+
+def env_class(name: str) -> type[TextEnv]:
+  if name not in _REGISTRY:
+    raise EnvError(f"unknown env {name!r}; choose one of {names()}")
+  module_name, class_name = _REGISTRY[name].split(":")
+  return getattr(importlib.import_module(module_name), class_name)
+
+
+def make(name: str) -> TextEnv:
+  """A fresh instance of the built-in env `name` (call `reset(index, split)` before `step`)."""
+  return env_class(name)()
+
+
+def __getattr__(attribute: str):
+  # RemoteEnv lives with the HTTP code; import it lazily so that `make` stays light.
+  if attribute == "RemoteEnv":
+    from evolver.envs.remote import RemoteEnv
+    return RemoteEnv
+  raise AttributeError(attribute)
+
+
+__all__ = ["Env", "EnvError", "EpisodeNotStartedError", "RemoteEnv", "TextEnv", "env_class", "make", "names"]

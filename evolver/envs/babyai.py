@@ -1,0 +1,356 @@
+"""babyai (embodied): minigrid's BabyAI levels through a text wrapper.
+
+The agent reads, in words, what its 7x7 egocentric view shows (objects with their distance ahead and to the
+side, what is right in front of it, what it carries) and acts with `turn left`, `turn right`,
+`move forward`, `pick up <object>`, `drop`, `toggle`, or the macro `go to <object>` (a shortest walk until
+the object is right in front). Actions that cannot work (walking into a wall, picking up nothing) are
+refused with a reason and leave the world unchanged.
+
+The expert is minigrid's own `BabyAIBot`, kept in step with the world after every primitive action (the
+bot may drop things). Only seeds that the bot solves in at most `_MAX_BOT_STEPS` steps are tasks; those
+lists are computed once and stored in `data/babyai_seeds.json` (`python -m evolver.envs.babyai --build`).
+The reward is BabyAI's own: `1 - 0.9 * steps / max_steps` on success (so success is not reward 1), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import functools
+import io
+import json
+import os
+import re
+
+import gymnasium as gym
+import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
+from minigrid.core.actions import Actions
+from minigrid.utils.baby_ai_bot import BabyAIBot
+
+from evolver.envs import base
+
+# Levels where one macro `go to` would finish the mission (GoTo*) are left out: a random agent solves them.
+LEVELS = ("BabyAI-PickupDist-v0", "BabyAI-PickupLoc-v0", "BabyAI-PutNextLocalS5N3-v0", "BabyAI-OpenDoorColor-v0",
+          "BabyAI-SynthS5R2-v0", "BabyAI-OpenDoorsOrderN2-v0")
+_SEEDS_FILE = os.path.join(os.path.dirname(__file__), "data", "babyai_seeds.json")
+_TASKS_PER_LEVEL = {"train": 100, "eval": 20}
+_FIRST_SEED = {"train": 0, "eval": 1_000_000}  # disjoint seed ranges
+_MAX_BOT_STEPS = 16
+_MAX_MACRO_STEPS = 40
+_MAX_LISTED_OBJECTS = 6
+
+_ACTION_WORDS = {Actions.left: "turn left", Actions.right: "turn right", Actions.forward: "move forward",
+                 Actions.pickup: "pick up", Actions.drop: "drop", Actions.toggle: "toggle", Actions.done: "done"}
+
+
+@functools.cache
+def seed_lists() -> dict[str, dict[str, list[int]]]:
+  """level -> split -> the seeds that are tasks, from the stored file."""
+  with open(_SEEDS_FILE) as f:
+    stored = json.load(f)
+  return stored["levels"]
+
+
+def task_of(index: int, split: str) -> tuple[str, int]:
+  """(level, seed) of task `index`: levels interleave, so any prefix of a split mixes them."""
+  level = LEVELS[index % len(LEVELS)]
+  return level, seed_lists()[level][split][index // len(LEVELS)]
+
+
+def _quiet_reset(env: gym.Env, seed: int) -> None:
+  # BabyAI's level generator prints each rejected sample; keep that out of server logs and tables.
+  with contextlib.redirect_stdout(io.StringIO()):
+    env.reset(seed=seed)
+
+
+def bot_solution_length(env: gym.Env, seed: int, limit: int) -> int | None:
+  """Steps the BabyAI bot needs on `seed`, or None if it fails or needs more than `limit`."""
+  _quiet_reset(env, seed)
+  bot = BabyAIBot(env.unwrapped)
+  for step in range(1, limit + 1):
+    try:
+      action = bot.replan()
+    except Exception:  # The bot gives up on some layouts (e.g. a box it opened); such seeds are not tasks.
+      return None
+    _, reward, terminated, truncated, _ = env.step(action)
+    if terminated or truncated:
+      return step if reward > 0 else None
+  return None
+
+
+def build_seed_lists() -> dict:
+  levels = {}
+  for level in LEVELS:
+    env = gym.make(level)
+    levels[level] = {}
+    for split, first in _FIRST_SEED.items():
+      seeds, seed = [], first
+      while len(seeds) < _TASKS_PER_LEVEL[split]:
+        if bot_solution_length(env, seed, _MAX_BOT_STEPS) is not None:
+          seeds.append(seed)
+        seed += 1
+      levels[level][split] = seeds
+  return {"version": BabyAIEnv.version, "max_bot_steps": _MAX_BOT_STEPS, "levels": levels}
+
+
+def _object_name(obj) -> str:
+  if obj.type == "door":
+    state = "locked" if obj.is_locked else ("open" if obj.is_open else "closed")
+    return f"{state} {obj.color} door"
+  return f"{obj.color} {obj.type}"
+
+
+def _offset_text(ahead: int, right: int) -> str:
+  parts = []
+  if ahead:
+    parts.append(f"{ahead} ahead")
+  if right:
+    parts.append(f"{abs(right)} {'right' if right > 0 else 'left'}")
+  return " and ".join(parts) or "here"
+
+
+_INSTRUCTION = """\
+You are an agent in a grid world of rooms and must reach the goal you are given. Each turn you are told \
+what you see: objects with how many steps ahead and to the left or right they are, what is right in front \
+of you, and what you carry.
+
+Each turn, reply with a short thought and one action:
+Thought: <your reasoning>
+Action: <one action>
+
+Actions:
+- turn left / turn right: turn in place
+- move forward: step one square ahead
+- pick up <object>: pick up the object right in front of you, e.g. pick up red ball
+- drop: put what you carry on the square in front of you
+- toggle: open or close the door in front of you (a locked door needs a key of its color)
+- go to <object>: walk until the object you see is right in front of you, e.g. go to blue key
+
+Example:
+Thought: The red ball is 2 ahead and 1 right, so I turn right to face its column.
+Action: turn right"""
+
+
+class BabyAIEnv(base.TextEnv):
+  name = "babyai"
+  version = "babyai-v1"
+  max_rounds = 20
+
+  def __init__(self):
+    super().__init__()
+    self._worlds: dict[str, gym.Env] = {}  # one minigrid env per level, reused across resets
+    self._world: gym.Env | None = None
+    self._bot: BabyAIBot | None = None
+    self._suggestion: int | None = None
+    self._mission = ""
+
+  def instruction(self) -> str:
+    return _INSTRUCTION
+
+  def _num_tasks(self, split: str) -> int:
+    return len(LEVELS) * _TASKS_PER_LEVEL[split]
+
+  def _task_key(self, index: int, split: str) -> str:
+    level, seed = task_of(index, split)
+    return f"{level}:{seed}"
+
+  def _reset_task(self, index: int, split: str) -> str:
+    level, seed = task_of(index, split)
+    if level not in self._worlds:
+      self._worlds[level] = gym.make(level)
+    self._world = self._worlds[level]
+    _quiet_reset(self._world, seed)
+    self._mission = self._world.unwrapped.mission
+    self._bot = BabyAIBot(self._world.unwrapped)
+    self._suggestion = self._replan(None)
+    return f"Your goal: {self._mission}.\n{self._describe()}"
+
+  # --- what the agent sees --------------------------------------------------------------------------------
+
+  def _visible_objects(self) -> list[tuple[int, str, int, int, tuple[int, int]]]:
+    """(distance, name, ahead, right, world position) of each visible non-wall object, nearest first."""
+    world = self._world.unwrapped
+    grid, visible = world.gen_obs_grid()
+    view = world.agent_view_size
+    seen = []
+    for i in range(view):
+      for j in range(view):
+        ahead, right = view - 1 - j, i - view // 2
+        if not visible[i, j] or (ahead, right) == (0, 0):
+          continue
+        cell = grid.get(i, j)
+        if cell is None or cell.type in ("wall", "floor", "empty", "unseen"):
+          continue
+        position = tuple(int(v) for v in world.agent_pos + ahead * world.dir_vec + right * world.right_vec)
+        seen.append((ahead + abs(right), _object_name(cell), ahead, right, position))
+    seen.sort()
+    return seen
+
+  def _describe(self) -> str:
+    world = self._world.unwrapped
+    objects = self._visible_objects()[:_MAX_LISTED_OBJECTS]
+    if objects:
+      sight = "You see: " + "; ".join(f"a {name} {_offset_text(ahead, right)}" for _, name, ahead, right, _ in objects)
+    else:
+      sight = "You see no objects."
+    front = world.grid.get(*world.front_pos)
+    facing = "nothing (the way ahead is free)" if front is None else f"a {_object_name(front)}"
+    if front is not None and front.type == "wall":
+      facing = "a wall"
+    carrying = f"a {_object_name(world.carrying)}" if world.carrying else "nothing"
+    return f"{sight}. In front of you: {facing}. You carry {carrying}."
+
+  # --- acting ---------------------------------------------------------------------------------------------
+
+  def _replan(self, action_taken: int | None) -> int | None:
+    """Keeps the bot in step with the world; rebuilds it when it gets confused by the agent's detours."""
+    try:
+      return self._bot.replan(action_taken)
+    except Exception:
+      try:
+        self._bot = BabyAIBot(self._world.unwrapped)
+        return self._bot.replan()
+      except Exception:
+        return None
+
+  def _primitive(self, action: int) -> tuple[bool, float]:
+    """One minigrid step; returns (episode over, reward)."""
+    _, reward, terminated, truncated, _ = self._world.step(action)
+    self._suggestion = self._replan(action)
+    return terminated or truncated, float(reward)
+
+  def _finish(self, over: bool, reward: float, what: str) -> base.Outcome:
+    if over and reward > 0:
+      return base.Outcome(f"{what} You completed the goal: {self._mission}. Success!", reward, True, True)
+    if over:
+      return base.Outcome(f"{what} The level is over: you ran out of steps.", 0.0, True)
+    return base.Outcome(f"{what} {self._describe()}", 0.0)
+
+  def _refuse(self, why: str) -> base.Outcome:
+    return base.Outcome(f"{why} {self._describe()}", 0.0)
+
+  def _act(self, text: str) -> base.Outcome:
+    action = " ".join(re.sub(r"[^a-z ]+", " ", base.parse_action(text).lower()).split())
+    world = self._world.unwrapped
+    front = world.grid.get(*world.front_pos)
+    if action in ("turn left", "left"):
+      return self._finish(*self._primitive(Actions.left), "You turned left.")
+    if action in ("turn right", "right"):
+      return self._finish(*self._primitive(Actions.right), "You turned right.")
+    if action in ("move forward", "forward", "go forward", "move ahead"):
+      if front is not None and not front.can_overlap():
+        return self._refuse(f"You cannot move forward: a {_object_name(front)} is in the way.")
+      return self._finish(*self._primitive(Actions.forward), "You moved forward.")
+    if action.startswith("pick up") or action == "pickup":
+      wanted = action.removeprefix("pick up").removeprefix("pickup").strip().removeprefix("the ").strip()
+      if front is None or not front.can_pickup():
+        return self._refuse("There is nothing you can pick up right in front of you.")
+      if world.carrying is not None:
+        return self._refuse(f"You already carry a {_object_name(world.carrying)}; drop it first.")
+      if wanted and not _object_name(front).endswith(wanted):
+        return self._refuse(f"The object in front of you is a {_object_name(front)}, not a {wanted}.")
+      return self._finish(*self._primitive(Actions.pickup), f"You picked up the {_object_name(front)}.")
+    if action == "drop":
+      if world.carrying is None:
+        return self._refuse("You carry nothing to drop.")
+      if front is not None:
+        return self._refuse(f"You cannot drop here: a {_object_name(front)} is in front of you.")
+      name = _object_name(world.carrying)
+      return self._finish(*self._primitive(Actions.drop), f"You dropped the {name}.")
+    if action in ("toggle", "open", "open door", "close door"):
+      if front is None or front.type not in ("door", "box"):
+        return self._refuse("There is no door or box right in front of you to toggle.")
+      if front.type == "door" and front.is_locked and not (
+          world.carrying is not None and world.carrying.type == "key" and world.carrying.color == front.color):
+        return self._refuse(f"The {front.color} door is locked; you need to carry a {front.color} key.")
+      return self._finish(*self._primitive(Actions.toggle), f"You toggled the {_object_name(front)}.")
+    if action == "done":
+      return self._finish(*self._primitive(Actions.done), "You declared that you are done.")
+    if action.startswith("go to"):
+      return self._go_to(action.removeprefix("go to").strip().removeprefix("the ").strip())
+    return self._refuse(f"Unknown action {action[:60]!r}. Use: turn left, turn right, move forward, pick up "
+                        "<object>, drop, toggle, go to <object>.")
+
+  def _go_to(self, wanted: str) -> base.Outcome:
+    if not wanted:
+      return self._refuse("Say what to go to, e.g. go to red ball.")
+    targets = [position for _, name, _, _, position in self._visible_objects() if name.endswith(wanted)]
+    if not targets:
+      return self._refuse(f"You do not see a {wanted}.")
+    path = self._path_to_face(set(targets))
+    if path is None:
+      return self._refuse(f"You cannot find a way to the {wanted} from here.")
+    if not path:
+      return self._refuse(f"The {wanted} is already right in front of you.")
+    over, reward = False, 0.0
+    for action in path:
+      over, reward = self._primitive(action)
+      if over:
+        break
+    return self._finish(over, reward, f"You walked to the {wanted}.")
+
+  def _path_to_face(self, targets: set[tuple[int, int]]) -> list[int] | None:
+    """Shortest primitive-action path (turns and steps over free squares) to face one of `targets`."""
+    world = self._world.unwrapped
+    vectors = ((1, 0), (0, 1), (-1, 0), (0, -1))  # minigrid's directions 0..3
+    start = (int(world.agent_pos[0]), int(world.agent_pos[1]), int(world.agent_dir))
+    parent: dict[tuple[int, int, int], tuple[tuple[int, int, int], int] | None] = {start: None}
+    queue = collections.deque([start])
+    while queue:
+      state = queue.popleft()
+      x, y, d = state
+      if (x + vectors[d][0], y + vectors[d][1]) in targets:
+        path = []
+        while parent[state] is not None:
+          state, action = parent[state]
+          path.append(action)
+        return path[::-1][:_MAX_MACRO_STEPS]
+      fx, fy = x + vectors[d][0], y + vectors[d][1]
+      moves = [((x, y, (d - 1) % 4), Actions.left), ((x, y, (d + 1) % 4), Actions.right)]
+      if 0 <= fx < world.width and 0 <= fy < world.height:
+        cell = world.grid.get(fx, fy)
+        if cell is None or cell.can_overlap():
+          moves.append(((fx, fy, d), Actions.forward))
+      for nxt, action in moves:
+        if nxt not in parent:
+          parent[nxt] = (state, action)
+          queue.append(nxt)
+    return None
+
+  # --- the expert and the random baseline ------------------------------------------------------------------
+
+  def _expert_turn(self) -> str:
+    action = self._suggestion
+    world = self._world.unwrapped
+    front = world.grid.get(*world.front_pos)
+    if action is None:
+      return base.react_turn("I am not sure where to go, so I look around.", "turn left")
+    words = _ACTION_WORDS[Actions(action)]
+    if action == Actions.pickup and front is not None:
+      words = f"pick up {_object_name(front)}"
+    reasons = {
+        Actions.left: "turning left", Actions.right: "turning right", Actions.forward: "moving forward",
+        Actions.pickup: "picking up what is in front of me", Actions.drop: "dropping what I carry here",
+        Actions.toggle: "toggling what is in front of me", Actions.done: "stopping here"}
+    return base.react_turn(f"My goal is to {self._mission}; the next step is {reasons[Actions(action)]}.", words)
+
+  def _sample_action(self, rng) -> str:
+    actions = ["turn left", "turn right", "move forward", "pick up", "drop", "toggle"]
+    actions += [f"go to {name.split()[-2]} {name.split()[-1]}" for _, name, _, _, _ in self._visible_objects()]
+    return rng.choice(actions)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description="Rebuild the stored lists of bot-solvable BabyAI seeds.")
+  parser.add_argument("--build", action="store_true", required=True)
+  parser.parse_args()
+  stored = build_seed_lists()
+  with open(_SEEDS_FILE, "w") as f:
+    json.dump(stored, f, separators=(",", ":"))
+    f.write("\n")
+  print(f"wrote {_SEEDS_FILE}")
+
+
+if __name__ == "__main__":
+  main()

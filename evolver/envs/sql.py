@@ -1,0 +1,546 @@
+"""sql (code): answer questions over generated SQLite databases with one SQL query per turn.
+
+Four schemas (shop, school, library, hr), five generated databases each. A task is a question about one
+database; the first observation gives the schema and the question. Each action is one SQL query: its result
+is shown, and the episode succeeds when the result matches the gold query's result (execution match: rows
+compared as a multiset, or as a list when the gold query orders them; numbers compared to 2 decimals).
+
+The agent's SQL runs on a read-only connection (`mode=ro`, `PRAGMA query_only`), behind an authorizer that
+allows reading only (no ATTACH, no writes or schema changes, no PRAGMA but a few read-only table pragmas, no
+`load_extension`), with no attached databases allowed, limits on string and statement length, and a
+progress handler that stops any query after `QUERY_TIME_LIMIT_S`.
+
+The databases are generated deterministically on first use into a cache directory (`EVOLVER_ENV_CACHE`, by
+default `~/.cache/evolver/envs`), never downloaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import random
+import re
+import sqlite3
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+from evolver.envs import base
+
+QUERY_TIME_LIMIT_S = 0.25
+_MAX_ROWS = 200  # more rows than this never match a gold answer
+_SHOWN_ROWS = 5
+_DBS_PER_SCHEMA = 5
+
+# ----------------------------------------------------------------------------------------------------------
+# The generated databases.
+# ----------------------------------------------------------------------------------------------------------
+
+_FIRST = ("Ada", "Ben", "Chloe", "Dan", "Eva", "Finn", "Grace", "Hugo", "Iris", "Jack", "Kara", "Liam", "Mia",
+          "Noah", "Olga", "Paul", "Quinn", "Rosa", "Sam", "Tara", "Uma", "Victor", "Wen", "Xavi", "Yara", "Zoe")
+_LAST = ("Adams", "Brown", "Chen", "Diaz", "Evans", "Fischer", "Garcia", "Haddad", "Ito", "Jones", "Kim",
+         "Lopez", "Moreau", "Novak", "Okafor", "Patel", "Rossi", "Silva", "Tanaka", "Weber")
+_CITIES = ("Oslo", "Lima", "Cairo", "Kyoto", "Porto", "Dublin", "Quito", "Accra", "Perth", "Riga")
+_CATEGORIES = ("books", "garden", "kitchen", "toys", "sports", "music")
+_ADJECTIVES = ("red", "blue", "tiny", "giant", "smart", "classic", "silent", "rapid", "golden", "wooden")
+_NOUNS = ("lamp", "kettle", "drone", "puzzle", "racket", "guitar", "shovel", "novel", "blender", "kite",
+          "helmet", "speaker", "planter", "whisk")
+_MAJORS = ("math", "physics", "history", "biology", "art", "economics")
+_DEPARTMENTS = ("Math", "Physics", "History", "Biology", "Art", "Economics")
+_COURSE_WORDS = ("Intro to", "Advanced", "Topics in", "Seminar on", "Foundations of")
+_COUNTRIES = ("Chile", "Kenya", "Japan", "Norway", "Peru", "Ghana", "Spain", "Canada")
+_GENRES = ("mystery", "fantasy", "history", "poetry", "science", "romance")
+_TITLE_WORDS = ("Silent", "Hidden", "Last", "Red", "Winter", "Lost", "Northern", "Glass", "Iron", "Paper",
+                "River", "Garden", "Night", "Star", "Storm", "Harbor", "Secret", "Empty", "Bright", "Old")
+_TEAMS = ("Sales", "Research", "Support", "Finance", "Legal", "Design", "Operations")
+
+SCHEMAS = {
+    "shop": ("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT, city TEXT, joined_year INTEGER)",
+             "CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT, category TEXT, price REAL)",
+             "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER, product_id INTEGER, "
+             "quantity INTEGER, order_month INTEGER)"),
+    "school": ("CREATE TABLE students (id INTEGER PRIMARY KEY, name TEXT, year INTEGER, major TEXT)",
+               "CREATE TABLE courses (id INTEGER PRIMARY KEY, title TEXT, department TEXT, credits INTEGER)",
+               "CREATE TABLE enrollments (student_id INTEGER, course_id INTEGER, grade INTEGER)"),
+    "library": ("CREATE TABLE authors (id INTEGER PRIMARY KEY, name TEXT, country TEXT)",
+                "CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT, author_id INTEGER, year INTEGER, "
+                "genre TEXT, pages INTEGER)",
+                "CREATE TABLE loans (id INTEGER PRIMARY KEY, book_id INTEGER, member TEXT, month INTEGER, "
+                "returned INTEGER)"),
+    "hr": ("CREATE TABLE departments (id INTEGER PRIMARY KEY, name TEXT, floor INTEGER)",
+           "CREATE TABLE employees (id INTEGER PRIMARY KEY, name TEXT, department_id INTEGER, salary INTEGER, "
+           "hire_year INTEGER, manager_id INTEGER)"),
+}
+
+
+def _people(rng: random.Random, n: int) -> list[str]:
+  names = [f"{first} {last}" for first in _FIRST for last in _LAST]
+  return rng.sample(names, n)
+
+
+def _fill_shop(rng: random.Random) -> dict[str, list[tuple]]:
+  customers = [(i + 1, name, rng.choice(_CITIES), rng.randint(2015, 2024)) for i, name in enumerate(_people(rng, 30))]
+  names = rng.sample([f"{a} {n}" for a in _ADJECTIVES for n in _NOUNS], 24)
+  prices = rng.sample(range(300, 20000), 24)  # distinct, so "most expensive first" has one answer
+  products = [(i + 1, name, rng.choice(_CATEGORIES), p / 100) for i, (name, p) in enumerate(zip(names, prices))]
+  orders = [(i + 1, rng.randint(1, 30), rng.randint(1, 24), rng.randint(1, 5), rng.randint(1, 12)) for i in range(90)]
+  return {"customers": customers, "products": products, "orders": orders}
+
+
+def _fill_school(rng: random.Random) -> dict[str, list[tuple]]:
+  students = [(i + 1, name, rng.randint(1, 4), rng.choice(_MAJORS)) for i, name in enumerate(_people(rng, 30))]
+  titles = rng.sample([f"{w} {d}" for w in _COURSE_WORDS for d in _DEPARTMENTS], 14)
+  courses = [(i + 1, t, t.split()[-1], rng.choice((2, 3, 4, 5))) for i, t in enumerate(titles)]
+  pairs = rng.sample([(s, c) for s in range(1, 31) for c in range(1, 15)], 110)
+  enrollments = [(s, c, rng.randint(40, 100)) for s, c in pairs]
+  return {"students": students, "courses": courses, "enrollments": enrollments}
+
+
+def _fill_library(rng: random.Random) -> dict[str, list[tuple]]:
+  authors = [(i + 1, name, rng.choice(_COUNTRIES)) for i, name in enumerate(_people(rng, 14))]
+  titles = rng.sample([f"The {a} {b}" for a in _TITLE_WORDS for b in _TITLE_WORDS if a != b], 40)
+  books = [(i + 1, t, rng.randint(1, 14), rng.randint(1950, 2023), rng.choice(_GENRES), rng.randint(90, 900))
+           for i, t in enumerate(titles)]
+  members = _people(rng, 15)
+  loans = [(i + 1, rng.randint(1, 40), rng.choice(members), rng.randint(1, 12), rng.randint(0, 1)) for i in range(80)]
+  return {"authors": authors, "books": books, "loans": loans}
+
+
+def _fill_hr(rng: random.Random) -> dict[str, list[tuple]]:
+  departments = [(i + 1, name, rng.randint(1, 5)) for i, name in enumerate(rng.sample(_TEAMS, 6))]
+  employees = []
+  for i, name in enumerate(_people(rng, 40)):
+    manager = rng.randint(1, i) if i >= 4 else None  # the first four report to nobody
+    employees.append((i + 1, name, rng.randint(1, 6), rng.randrange(40_000, 150_000, 500), rng.randint(2010, 2024),
+                      manager))
+  return {"departments": departments, "employees": employees}
+
+
+_FILLERS: dict[str, Callable[[random.Random], dict[str, list[tuple]]]] = {
+    "shop": _fill_shop, "school": _fill_school, "library": _fill_library, "hr": _fill_hr}
+DATABASES = tuple(f"{schema}_{k}" for schema in SCHEMAS for k in range(_DBS_PER_SCHEMA))
+
+
+def cache_dir() -> str:
+  root = os.environ.get("EVOLVER_ENV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "evolver", "envs")
+  return os.path.join(root, SqlEnv.version)
+
+
+def _build_database(path: str, db_name: str) -> None:
+  schema = db_name.rsplit("_", 1)[0]
+  rng = random.Random(f"sql:{db_name}")
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+  os.close(fd)
+  try:
+    conn = sqlite3.connect(tmp)
+    for statement in SCHEMAS[schema]:
+      conn.execute(statement)
+    for table, rows in _FILLERS[schema](rng).items():
+      conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+    conn.commit()
+    conn.close()
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)  # atomic: concurrent builders write identical files
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+_build_lock = threading.Lock()
+
+
+def database_path(db_name: str) -> str:
+  """The database file, generated on first use."""
+  path = os.path.join(cache_dir(), f"{db_name}.sqlite")
+  if not os.path.exists(path):
+    with _build_lock:
+      if not os.path.exists(path):
+        _build_database(path, db_name)
+  return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The sandbox.
+# ----------------------------------------------------------------------------------------------------------
+
+_READ_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_list", "index_info", "foreign_key_list"})
+# printf/format: "%.*c" with a huge precision spins inside one function call, where no progress handler runs.
+_DENIED_FUNCTIONS = frozenset({"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer", "printf",
+                               "format"})
+
+
+def _authorize(action: int, arg1: str | None, arg2: str | None, db_name: str | None, trigger: str | None) -> int:
+  """Allows reading and nothing else."""
+  if action in (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE):
+    return sqlite3.SQLITE_OK
+  if action == sqlite3.SQLITE_FUNCTION:
+    return sqlite3.SQLITE_DENY if (arg2 or "").lower() in _DENIED_FUNCTIONS else sqlite3.SQLITE_OK
+  if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in _READ_PRAGMAS:
+    return sqlite3.SQLITE_OK
+  return sqlite3.SQLITE_DENY
+
+
+_REFUSALS = ("not authorized", "authorization denied", "prohibited", "readonly", "read-only", "too many attached")
+
+
+class QueryTimeout(Exception):
+  pass
+
+
+class Sandbox:
+  """A read-only, time-limited connection to one database file."""
+
+  def __init__(self, path: str, time_limit_s: float = QUERY_TIME_LIMIT_S):
+    self.time_limit_s = time_limit_s
+    self._deadline = 0.0
+    self._conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
+    self._conn.execute("PRAGMA query_only = 1")
+    self._conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    self._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 100_000)  # bytes per string or blob
+    self._conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 1_000)
+    self._conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, 20_000)
+    self._conn.set_authorizer(_authorize)
+    self._conn.set_progress_handler(self._over_time, 2_000)
+
+  def _over_time(self) -> int:
+    return 1 if time.perf_counter() > self._deadline else 0
+
+  def query(self, sql: str, max_rows: int = _MAX_ROWS) -> list[tuple]:
+    """Up to `max_rows` + 1 rows of `sql`; raises sqlite3.Error, or QueryTimeout after the time limit."""
+    self._deadline = time.perf_counter() + self.time_limit_s
+    try:
+      cursor = self._conn.execute(sql)
+      rows = cursor.fetchmany(max_rows + 1)
+      cursor.close()
+      return rows
+    except sqlite3.OperationalError as error:
+      if "interrupted" in str(error):
+        raise QueryTimeout(f"the query ran longer than {self.time_limit_s} s and was stopped") from error
+      raise
+
+  def close(self) -> None:
+    self._conn.close()
+
+
+def _normalise_value(value: Any) -> Any:
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    return round(float(value), 2)
+  if isinstance(value, bytes):
+    return value.hex()
+  return value
+
+
+def normalise(rows: list[tuple], ordered: bool) -> tuple:
+  """Rows in a form where equal answers compare equal."""
+  rows = [tuple(_normalise_value(v) for v in row) for row in rows]
+  return tuple(rows) if ordered else tuple(sorted(rows, key=repr))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Questions.
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SqlTask:
+  db: str
+  question: str
+  gold_sql: str
+  thought: str
+
+  @property
+  def ordered(self) -> bool:
+    return " ORDER BY " in self.gold_sql
+
+
+@dataclasses.dataclass(frozen=True)
+class _Template:
+  """A question with one parameter; `params` is a SQL query listing the values, or the values themselves."""
+  params: str | tuple
+  make: Callable[[Any], tuple[str, str, str]]  # value -> (question, gold SQL, expert thought)
+  unique_top: bool = False  # the gold query takes the top row of an ordering: skip values with a tie
+
+
+def _q(value: Any) -> str:
+  return str(value).replace("'", "''")
+
+
+_JOIN_OP = "FROM orders o JOIN products p ON o.product_id = p.id"
+_JOIN_SE = "FROM students s JOIN enrollments e ON e.student_id = s.id JOIN courses c ON e.course_id = c.id"
+_JOIN_BA = "FROM books b JOIN authors a ON b.author_id = a.id"
+_JOIN_ED = "FROM employees e JOIN departments d ON e.department_id = d.id"
+
+_TEMPLATES: dict[str, tuple[_Template, ...]] = {
+    "shop": (
+        _Template("SELECT DISTINCT city FROM customers", lambda v: (
+            f"How many customers live in {v}?", f"SELECT COUNT(*) FROM customers WHERE city = '{_q(v)}'",
+            f"I count the customers whose city is {v}.")),
+        _Template("SELECT DISTINCT city FROM customers", lambda v: (
+            f"List the names of the customers from {v} who joined after 2019, in alphabetical order.",
+            f"SELECT name FROM customers WHERE city = '{_q(v)}' AND joined_year > 2019 ORDER BY name",
+            f"I filter customers by city {v} and joined_year > 2019, sorted by name.")),
+        _Template("SELECT DISTINCT category FROM products", lambda v: (
+            f"List the names of the products in the {v} category, from the most to the least expensive.",
+            f"SELECT name FROM products WHERE category = '{_q(v)}' ORDER BY price DESC",
+            f"I select the {v} products and sort them by price, highest first.")),
+        _Template("SELECT DISTINCT category FROM products", lambda v: (
+            f"What is the average price of the products in the {v} category, rounded to 2 decimals?",
+            f"SELECT ROUND(AVG(price), 2) FROM products WHERE category = '{_q(v)}'",
+            f"I average the prices of the {v} products.")),
+        _Template("SELECT DISTINCT p.name " + _JOIN_OP, lambda v: (
+            f"What is the total quantity ordered of the product '{v}'?",
+            f"SELECT SUM(o.quantity) {_JOIN_OP} WHERE p.name = '{_q(v)}'",
+            "I join orders with products and add up the quantities of that product.")),
+        _Template("SELECT DISTINCT p.name " + _JOIN_OP, lambda v: (
+            f"Which customers ordered the product '{v}'? Give each name once.",
+            f"SELECT DISTINCT c.name {_JOIN_OP} JOIN customers c ON o.customer_id = c.id WHERE p.name = '{_q(v)}'",
+            "I join customers, orders and products and keep the customers who ordered it.")),
+        _Template("SELECT DISTINCT c.name FROM customers c JOIN orders o ON o.customer_id = c.id", lambda v: (
+            f"How much did {v} spend in total (price times quantity, rounded to 2 decimals)?",
+            f"SELECT ROUND(SUM(p.price * o.quantity), 2) {_JOIN_OP} JOIN customers c ON o.customer_id = c.id "
+            f"WHERE c.name = '{_q(v)}'", f"I sum price times quantity over the orders of {v}.")),
+        _Template(tuple(range(1, 13)), lambda v: (
+            f"How many orders were placed in month {v}?", f"SELECT COUNT(*) FROM orders WHERE order_month = {v}",
+            f"I count the orders of month {v}.")),
+        _Template(("garden", "kitchen", "toys"), lambda v: (
+            f"How many units of {v} products were ordered in total?",
+            f"SELECT SUM(o.quantity) {_JOIN_OP} WHERE p.category = '{v}'",
+            f"I add up the quantities of orders of {v} products.")),
+    ),
+    "school": (
+        _Template((1, 2, 3, 4), lambda v: (
+            f"How many students are in year {v}?", f"SELECT COUNT(*) FROM students WHERE year = {v}",
+            f"I count the students whose year is {v}.")),
+        _Template("SELECT DISTINCT c.title " + _JOIN_SE, lambda v: (
+            f"What is the average grade in the course '{v}', rounded to 1 decimal?",
+            f"SELECT ROUND(AVG(e.grade), 1) {_JOIN_SE} WHERE c.title = '{_q(v)}'",
+            "I average the grades of the enrollments in that course.")),
+        _Template("SELECT DISTINCT s.name " + _JOIN_SE, lambda v: (
+            f"List the titles of the courses that {v} is enrolled in.",
+            f"SELECT c.title {_JOIN_SE} WHERE s.name = '{_q(v)}'", f"I join the enrollments of {v} with courses.")),
+        _Template("SELECT DISTINCT c.title " + _JOIN_SE, lambda v: (
+            f"Which student has the highest grade in '{v}'? Give the name.",
+            f"SELECT s.name {_JOIN_SE} WHERE c.title = '{_q(v)}' ORDER BY e.grade DESC LIMIT 1",
+            "I sort that course's enrollments by grade and take the top student."), unique_top=True),
+        _Template("SELECT DISTINCT s.name " + _JOIN_SE, lambda v: (
+            f"How many credits does {v} take in total?", f"SELECT SUM(c.credits) {_JOIN_SE} WHERE s.name = '{_q(v)}'",
+            f"I add up the credits of the courses of {v}.")),
+        _Template("SELECT DISTINCT major FROM students", lambda v: (
+            f"List the names of the students majoring in {v}, in alphabetical order.",
+            f"SELECT name FROM students WHERE major = '{_q(v)}' ORDER BY name",
+            f"I select the {v} students and sort them by name.")),
+        _Template("SELECT DISTINCT department FROM courses", lambda v: (
+            f"How many students are enrolled in at least one {v} course?",
+            f"SELECT COUNT(DISTINCT s.id) {_JOIN_SE} WHERE c.department = '{_q(v)}'",
+            f"I count distinct students with an enrollment in a {v} course.")),
+    ),
+    "library": (
+        _Template("SELECT name FROM authors", lambda v: (
+            f"How many books did {v} write?", f"SELECT COUNT(*) {_JOIN_BA} WHERE a.name = '{_q(v)}'",
+            f"I count the books whose author is {v}.")),
+        _Template("SELECT DISTINCT genre FROM books", lambda v: (
+            f"List the titles of the {v} books published after 1990.",
+            f"SELECT title FROM books WHERE genre = '{_q(v)}' AND year > 1990",
+            f"I filter books by genre {v} and year after 1990.")),
+        _Template("SELECT DISTINCT genre FROM books", lambda v: (
+            f"What is the title of the longest {v} book?",
+            f"SELECT title FROM books WHERE genre = '{_q(v)}' ORDER BY pages DESC LIMIT 1",
+            f"I sort the {v} books by pages and take the first."), unique_top=True),
+        _Template("SELECT DISTINCT b.title FROM books b JOIN loans l ON l.book_id = b.id", lambda v: (
+            f"How many loans of '{v}' have not been returned?",
+            f"SELECT COUNT(*) FROM loans l JOIN books b ON l.book_id = b.id WHERE b.title = '{_q(v)}' AND "
+            "l.returned = 0", "I count that book's loans with returned = 0.")),
+        _Template("SELECT DISTINCT a.name " + _JOIN_BA, lambda v: (
+            f"What is the total number of pages of the books by {v}?",
+            f"SELECT SUM(b.pages) {_JOIN_BA} WHERE a.name = '{_q(v)}'", f"I add up the pages of the books by {v}.")),
+        _Template("SELECT DISTINCT a.name " + _JOIN_BA + " JOIN loans l ON l.book_id = b.id", lambda v: (
+            f"Which members borrowed books by {v}? Give each member once.",
+            f"SELECT DISTINCT l.member {_JOIN_BA} JOIN loans l ON l.book_id = b.id WHERE a.name = '{_q(v)}'",
+            f"I join loans, books and authors for {v}.")),
+        _Template("SELECT DISTINCT country FROM authors", lambda v: (
+            f"How many books were written by authors from {v}?",
+            f"SELECT COUNT(*) {_JOIN_BA} WHERE a.country = '{_q(v)}'",
+            f"I count the books whose author comes from {v}.")),
+        _Template("SELECT DISTINCT member FROM loans", lambda v: (
+            f"List the titles of the books {v} borrowed, in alphabetical order, each once.",
+            f"SELECT DISTINCT b.title FROM loans l JOIN books b ON l.book_id = b.id WHERE l.member = '{_q(v)}' "
+            "ORDER BY b.title", f"I join the loans of {v} with books and sort the distinct titles.")),
+    ),
+    "hr": (
+        _Template("SELECT name FROM departments", lambda v: (
+            f"How many employees work in the {v} department?", f"SELECT COUNT(*) {_JOIN_ED} WHERE d.name = '{_q(v)}'",
+            f"I count the employees of the {v} department.")),
+        _Template("SELECT DISTINCT d.name " + _JOIN_ED, lambda v: (
+            f"What is the highest salary in the {v} department?",
+            f"SELECT MAX(e.salary) {_JOIN_ED} WHERE d.name = '{_q(v)}'",
+            f"I take the maximum salary over the {v} department.")),
+        _Template("SELECT name FROM employees WHERE manager_id IS NOT NULL", lambda v: (
+            f"What is the name of the manager of {v}?",
+            f"SELECT m.name FROM employees e JOIN employees m ON e.manager_id = m.id WHERE e.name = '{_q(v)}'",
+            "I join employees with itself on manager_id.")),
+        _Template("SELECT DISTINCT hire_year FROM employees", lambda v: (
+            f"List the names of the employees hired in {v}, in alphabetical order.",
+            f"SELECT name FROM employees WHERE hire_year = {v} ORDER BY name",
+            f"I select the employees hired in {v}, sorted by name.")),
+        _Template("SELECT DISTINCT floor FROM departments", lambda v: (
+            f"How many employees work in departments on floor {v}?",
+            f"SELECT COUNT(*) {_JOIN_ED} WHERE d.floor = {v}", f"I count employees whose department is on floor {v}.")),
+        _Template("SELECT DISTINCT m.name FROM employees e JOIN employees m ON e.manager_id = m.id", lambda v: (
+            f"List the names of the employees managed directly by {v}, in alphabetical order.",
+            f"SELECT e.name FROM employees e JOIN employees m ON e.manager_id = m.id WHERE m.name = '{_q(v)}' "
+            "ORDER BY e.name", f"I join employees with their managers and keep those managed by {v}.")),
+        _Template("SELECT DISTINCT d.name " + _JOIN_ED, lambda v: (
+            f"Who is the highest-paid employee of the {v} department?",
+            f"SELECT e.name {_JOIN_ED} WHERE d.name = '{_q(v)}' ORDER BY e.salary DESC LIMIT 1",
+            f"I sort the {v} employees by salary and take the first."), unique_top=True),
+    ),
+}
+
+
+def _has_unique_top(sandbox: Sandbox, gold_sql: str) -> bool:
+  """Whether the row a `... ORDER BY x DESC LIMIT 1` query picks is the only one with the top value."""
+  select, rest = gold_sql.split(" FROM ", 1)
+  order_column = rest.split(" ORDER BY ")[1].split()[0]
+  top = sandbox.query(f"SELECT {order_column} FROM {rest.split(' ORDER BY ')[0]} ORDER BY {order_column} DESC LIMIT 2")
+  return len(top) < 2 or top[0] != top[1]
+
+
+def _enumerate_tasks() -> list[SqlTask]:
+  """Every (database, template, value) task with a non-empty answer, in a fixed order."""
+  tasks = []
+  for db in DATABASES:
+    sandbox = Sandbox(database_path(db), time_limit_s=5.0)
+    for template in _TEMPLATES[db.rsplit("_", 1)[0]]:
+      values = template.params if isinstance(template.params, tuple) else sorted(
+          {row[0] for row in sandbox.query(template.params, 10_000)}, key=repr)
+      for value in values:
+        question, gold_sql, thought = template.make(value)
+        rows = sandbox.query(gold_sql)
+        if not rows or all(v is None for row in rows for v in row):
+          continue
+        if template.unique_top and not _has_unique_top(sandbox, gold_sql):
+          continue
+        tasks.append(SqlTask(db, question, gold_sql, thought))
+    sandbox.close()
+  return tasks
+
+
+@functools.cache
+def tasks_of(split: str) -> tuple[SqlTask, ...]:
+  """The split's tasks: all tasks, split by a hash of (database, question), then shuffled deterministically."""
+  base.check_split(split)
+  chosen = [t for t in _enumerate_tasks() if base.split_of(f"{t.db}|{t.question}", _EVAL_EVERY) == split]
+  random.Random(f"sql:{split}").shuffle(chosen)
+  return tuple(chosen)
+
+
+_EVAL_EVERY = 5
+
+
+def schema_text(db: str) -> str:
+  """`table(column, ...)` lines."""
+  lines = []
+  for statement in SCHEMAS[db.rsplit("_", 1)[0]]:
+    table, columns = re.match(r"CREATE TABLE (\w+) \((.*)\)", statement).groups()
+    lines.append(f"{table}({', '.join(c.split()[0] for c in columns.split(', '))})")
+  return "\n".join(lines)
+
+
+_INSTRUCTION = f"""\
+You answer questions about a SQLite database by writing SQL queries. Every round you send one SQL query (a \
+single SELECT statement) and see its result. The task is solved when your query returns exactly the answer \
+to the question: the right rows and the right columns, nothing extra (in the stated order when the question \
+asks for one). The database is read-only and each query may run for at most {QUERY_TIME_LIMIT_S} seconds.
+
+Each turn, reply with a short thought and one query on a single line:
+Thought: <your reasoning>
+Action: <SQL query>
+
+Example, for "How many customers live in Lima?":
+Thought: I count the customers whose city is Lima.
+Action: SELECT COUNT(*) FROM customers WHERE city = 'Lima'"""
+
+
+def _show(rows: list[tuple]) -> str:
+  shown = "; ".join(repr(row) for row in rows[:_SHOWN_ROWS])
+  more = f" ... ({len(rows) - _SHOWN_ROWS} more)" if len(rows) > _SHOWN_ROWS else ""
+  count = f"{_MAX_ROWS}+" if len(rows) > _MAX_ROWS else str(len(rows))
+  text = f"Result ({count} rows): {shown}{more}"
+  return text if len(text) <= 400 else text[:400] + " ..."
+
+
+class SqlEnv(base.TextEnv):
+  name = "sql"
+  version = "sql-v1"
+  max_rounds = 6
+
+  def __init__(self, time_limit_s: float = QUERY_TIME_LIMIT_S):
+    super().__init__()
+    self.time_limit_s = time_limit_s
+    self._sandboxes: dict[str, Sandbox] = {}
+    self._task: SqlTask | None = None
+    self._gold: tuple = ()
+
+  def instruction(self) -> str:
+    return _INSTRUCTION
+
+  def _num_tasks(self, split: str) -> int:
+    return len(tasks_of(split))
+
+  def _task_key(self, index: int, split: str) -> str:
+    task = tasks_of(split)[index]
+    return f"{task.db}|{task.question}"
+
+  def _sandbox(self) -> Sandbox:
+    db = self._task.db
+    if db not in self._sandboxes:
+      self._sandboxes[db] = Sandbox(database_path(db), self.time_limit_s)
+    return self._sandboxes[db]
+
+  def _reset_task(self, index: int, split: str) -> str:
+    self._task = tasks_of(split)[index]
+    sandbox = self._sandbox()
+    sandbox.time_limit_s = 5.0  # the trusted gold query
+    try:
+      self._gold = normalise(sandbox.query(self._task.gold_sql), self._task.ordered)
+    finally:
+      sandbox.time_limit_s = self.time_limit_s
+    return f"Database {self._task.db}:\n{schema_text(self._task.db)}\nQuestion: {self._task.question}"
+
+  def _act(self, text: str) -> base.Outcome:
+    sql = base.action_text(text).strip().strip("`").removeprefix("sql").strip().rstrip(";").strip()
+    if not sql:
+      return base.Outcome("Empty query. Write one SQL SELECT statement after \"Action:\".", 0.0)
+    try:
+      rows = self._sandbox().query(sql)
+    except QueryTimeout as error:
+      return base.Outcome(f"Query stopped: {error}. Write a cheaper query.", 0.0)
+    except sqlite3.DatabaseError as error:
+      message = str(error)
+      if any(reason in message for reason in _REFUSALS):
+        return base.Outcome(f"Not allowed: {message}. Only read-only SELECT queries can run here.", 0.0)
+      return base.Outcome(f"SQL error: {message[:200]}", 0.0)
+    except (sqlite3.Error, ValueError, OverflowError, MemoryError) as error:
+      return base.Outcome(f"Query failed: {str(error)[:200]}", 0.0)
+    if len(rows) <= _MAX_ROWS and normalise(rows, self._task.ordered) == self._gold:
+      return base.Outcome(f"{_show(rows)}\nThis is the correct answer. Success!", 1.0, True, True)
+    return base.Outcome(f"{_show(rows)}\nThis is not the expected answer yet.", 0.0)
+
+  def _expert_turn(self) -> str:
+    return base.react_turn(self._task.thought, self._task.gold_sql)
+
+  def _sample_action(self, rng: random.Random) -> str:
+    statement = rng.choice(SCHEMAS[self._task.db.rsplit("_", 1)[0]])
+    table, columns = re.match(r"CREATE TABLE (\w+) \((.*)\)", statement).groups()
+    column = rng.choice([c.split()[0] for c in columns.split(", ")])
+    form = rng.choice(("SELECT COUNT(*) FROM {t}", "SELECT {c} FROM {t}", "SELECT DISTINCT {c} FROM {t}",
+                       "SELECT MAX({c}) FROM {t}", "SELECT SUM({c}) FROM {t}", "SELECT * FROM {t} LIMIT 5"))
+    return form.format(t=table, c=column)
+
+  def close(self) -> None:
+    for sandbox in self._sandboxes.values():
+      sandbox.close()
+    self._sandboxes.clear()

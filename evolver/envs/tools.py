@@ -1,0 +1,373 @@
+"""tools (tool use): reach several sub-goals with weather, todo and movie APIs over offline synthetic data.
+
+Each task draws a small world (a five-day forecast for a few cities, a todo list, a movie catalogue) and
+combines two or three sub-goals: look something up and report it, add, complete or delete todos, possibly
+conditional on what a lookup returns. Actions are tool calls, `Action: fn` then `Action Input: {json}`;
+`finish` ends the episode. The reward is the fraction of sub-goals met so far (answers count once
+`finish` has been called with them). The expert follows the task's scripted call plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+from typing import Any, Callable
+
+from evolver.envs import base
+
+_CITIES = ("Oslo", "Lima", "Cairo", "Kyoto", "Porto", "Dublin", "Quito", "Accra", "Perth", "Riga", "Hanoi",
+           "Tunis", "Zurich", "Bogota", "Manila", "Seoul", "Lagos", "Nice", "Denver", "Austin")
+_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday")
+_CONDITIONS = ("sunny", "cloudy", "rain", "snow", "windy")
+_TODOS = ("call the bank", "water the plants", "renew passport", "book dentist", "pay rent", "fix the bike",
+          "clean the garage", "send invoices", "buy groceries", "walk the dog", "return library books",
+          "plan the trip", "update resume", "back up laptop")
+_GENRES = ("comedy", "drama", "horror", "sci-fi", "animation", "thriller")
+_TITLE_A = ("Midnight", "Paper", "Silver", "Broken", "Hidden", "Electric", "Quiet", "Wild", "Last", "Golden",
+            "Frozen", "Lucky")
+_TITLE_B = ("Harbor", "Garden", "Signal", "Empire", "Orchard", "Planet", "Circus", "Letters", "Summer", "Tide",
+            "Machine", "Parade")
+_DIRECTORS = ("Ana Ruiz", "Ben Okoro", "Chen Wei", "Dana Holt", "Eli Moss", "Farah Khan", "Gus Lind",
+              "Hana Sato", "Ivo Petrov", "June Park")
+_RAIN_TODO, _DRY_TODO = "buy an umbrella", "pack sunglasses"
+
+API = {
+    "get_weather": '{"city": str, "day": str} -> the forecast: condition, high and low in Celsius',
+    "list_todos": "{} -> the todo list: id, title, done",
+    "add_todo": '{"title": str} -> adds a todo',
+    "complete_todo": '{"id": int} -> marks a todo as done',
+    "delete_todo": '{"id": int} -> removes a todo',
+    "search_movies": '{"genre": str, "year": int, "director": str} (all optional) -> matching movies',
+    "get_movie": '{"title": str} -> year, genre, director, rating',
+    "finish": '{"answer": str} -> ends the task; put every requested answer in "answer"',
+}
+
+
+@dataclasses.dataclass
+class World:
+  weather: dict[tuple[str, str], dict[str, Any]]
+  todos: list[dict[str, Any]]
+  movies: list[dict[str, Any]]
+  next_todo_id: int = 0  # ids are never reused, so a deleted todo stays deleted
+
+  def __post_init__(self):
+    self.next_todo_id = max((t["id"] for t in self.todos), default=0) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+  thought: str
+  fn: str
+  args: dict[str, Any]
+
+  def signature(self) -> str:
+    return self.fn + json.dumps(self.args, sort_keys=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+  text: str  # the request, as the user states it
+  plan: tuple[Call, ...]
+  answer: str | None  # what the final answer must contain, if this goal asks a question
+  met: Callable[["World", str | None], bool]  # (world state, final answer or None before finish) -> met
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolTask:
+  seed: int
+  goals: tuple[Goal, ...]
+  request: str
+
+  def world(self) -> World:
+    return _make_world(random.Random(f"tools-world:{self.seed}"))
+
+
+def _make_world(rng: random.Random) -> World:
+  weather = {}
+  for city in rng.sample(_CITIES, 4):
+    for day in _DAYS:
+      high = rng.randint(-5, 35)
+      condition = rng.choice(_CONDITIONS[:4] if high > 2 else ("snow", "cloudy", "windy"))
+      if condition == "snow" and high > 5:
+        condition = "rain"
+      weather[(city, day)] = {"city": city, "day": day, "condition": condition, "high": high,
+                              "low": high - rng.randint(3, 10)}
+  todos = [{"id": i + 1, "title": title, "done": rng.random() < 0.3} for i, title in enumerate(rng.sample(_TODOS, 4))]
+  titles = rng.sample([f"{a} {b}" for a in _TITLE_A for b in _TITLE_B], 10)
+  ratings = rng.sample(range(50, 96), 10)
+  movies = [{"title": t, "year": rng.randint(1990, 2023), "genre": rng.choice(_GENRES),
+             "director": rng.choice(_DIRECTORS), "rating": r / 10} for t, r in zip(titles, ratings)]
+  return World(weather, todos, movies)
+
+
+def _contains(answer: str | None, expected: str) -> bool:
+  if answer is None:
+    return False
+  return re.search(rf"(?<![\w-]){re.escape(expected.lower())}(?![\w-])", answer.lower()) is not None
+
+
+def _has_todo(world: World, title: str) -> bool:
+  return any(t["title"].strip().lower() == title.lower() for t in world.todos)
+
+
+def _goal_factories(world: World, rng: random.Random) -> dict[str, Callable[[], Goal | None]]:
+  city, day = rng.choice(sorted(world.weather))
+  forecast = world.weather[(city, day)]
+  weather_call = Call(f"I need the forecast for {city} on {day}.", "get_weather", {"city": city, "day": day})
+  open_todos = [t for t in world.todos if not t["done"]]
+  todo = rng.choice(world.todos)
+  movie = rng.choice(world.movies)
+
+  def condition() -> Goal:
+    return Goal(f"tell me the weather condition in {city} on {day}", (weather_call,), forecast["condition"],
+                lambda w, a: _contains(a, forecast["condition"]))
+
+  def high() -> Goal:
+    value = str(forecast["high"])
+    return Goal(f"tell me the high temperature in {city} on {day}", (weather_call,), value,
+                lambda w, a: _contains(a, value))
+
+  def umbrella() -> Goal:
+    wanted, unwanted = (_RAIN_TODO, _DRY_TODO) if forecast["condition"] == "rain" else (_DRY_TODO, _RAIN_TODO)
+    why = "it will rain" if wanted == _RAIN_TODO else f"it will be {forecast['condition']}, not rain"
+    return Goal(f"if it will rain in {city} on {day}, add the todo '{_RAIN_TODO}', otherwise add the todo "
+                f"'{_DRY_TODO}'",
+                (weather_call, Call(f"In {city} on {day} {why}, so I add '{wanted}'.", "add_todo", {"title": wanted})),
+                None, lambda w, a: _has_todo(w, wanted) and not _has_todo(w, unwanted))
+
+  def complete() -> Goal | None:
+    if not open_todos:
+      return None
+    target = rng.choice(open_todos)
+    find = Call(f"I need the id of the todo '{target['title']}'.", "list_todos", {})
+    done = Call(f"The todo '{target['title']}' has id {target['id']}.", "complete_todo", {"id": target["id"]})
+    return Goal(f"mark the todo '{target['title']}' as done", (find, done), None,
+                lambda w, a: any(t["id"] == target["id"] and t["done"] for t in w.todos))
+
+  def delete() -> Goal:
+    find = Call(f"I need the id of the todo '{todo['title']}'.", "list_todos", {})
+    drop = Call(f"The todo '{todo['title']}' has id {todo['id']}.", "delete_todo", {"id": todo["id"]})
+    return Goal(f"delete the todo '{todo['title']}'", (find, drop), None,
+                lambda w, a: all(t["id"] != todo["id"] for t in w.todos))
+
+  def director() -> Goal:
+    return Goal(f"tell me who directed '{movie['title']}'",
+                (Call(f"I look up '{movie['title']}'.", "get_movie", {"title": movie["title"]}),),
+                movie["director"], lambda w, a: _contains(a, movie["director"]))
+
+  def watch() -> Goal | None:
+    same = [m for m in world.movies if m["genre"] == movie["genre"] and m["year"] == movie["year"]]
+    if len(same) != 1:
+      return None
+    title = f"watch {movie['title']}"
+    search = Call(f"I search for {movie['genre']} movies from {movie['year']}.", "search_movies",
+                  {"genre": movie["genre"], "year": movie["year"]})
+    add = Call(f"The {movie['genre']} movie from {movie['year']} is '{movie['title']}'.", "add_todo", {"title": title})
+    return Goal(f"find the {movie['genre']} movie from {movie['year']} and add the todo 'watch <its title>'",
+                (search, add), None, lambda w, a: _has_todo(w, title))
+
+  def best() -> Goal:
+    genre = movie["genre"]
+    top = max((m for m in world.movies if m["genre"] == genre), key=lambda m: m["rating"])
+    return Goal(f"tell me which {genre} movie has the highest rating",
+                (Call(f"I search for {genre} movies and compare ratings.", "search_movies", {"genre": genre}),),
+                top["title"], lambda w, a: _contains(a, top["title"]))
+
+  return {"condition": condition, "high": high, "umbrella": umbrella, "complete": complete, "delete": delete,
+          "director": director, "watch": watch, "best": best}
+
+
+# Pairs that would contradict each other (completing and deleting the same todo) are not drawn together.
+_EXCLUSIVE = ({"complete", "delete"}, {"condition", "high"})
+
+
+def generate_task(seed: int) -> ToolTask | None:
+  rng = random.Random(f"tools:{seed}")
+  world = _make_world(random.Random(f"tools-world:{seed}"))
+  factories = _goal_factories(world, rng)
+  kinds = rng.sample(sorted(factories), rng.choice((2, 2, 3)))
+  if any(pair <= set(kinds) for pair in _EXCLUSIVE):
+    return None
+  goals = [factories[kind]() for kind in kinds]
+  if any(goal is None for goal in goals):
+    return None
+  steps = "; ".join(f"({i + 1}) {goal.text}" for i, goal in enumerate(goals))
+  ending = "Then call finish with your answers." if any(g.answer for g in goals) else "Then call finish."
+  return ToolTask(seed, tuple(goals), f"Please {steps}. {ending}")
+
+
+_TASKS = base.SplitIndex(generate_task, lambda task: task.request + "|" + repr(task.world()),
+                         sizes={"train": 2000, "eval": 200}, eval_every=5)
+
+_INSTRUCTION = """\
+You are an assistant that completes requests by calling tools. Tools (arguments as JSON):
+""" + "\n".join(f"- {name} {signature}" for name, signature in API.items()) + """
+
+Each turn, reply with a short thought and one tool call:
+Thought: <your reasoning>
+Action: <tool name>
+Action Input: <JSON arguments>
+
+Use the tools' results; do not guess. Day names are Monday to Friday. Call finish once everything is done, \
+with every requested answer in "answer".
+
+Example:
+Thought: I need the forecast for Oslo on Monday.
+Action: get_weather
+Action Input: {"city": "Oslo", "day": "Monday"}"""
+
+_ARG_TYPES = {"city": str, "day": str, "title": str, "id": int, "genre": str, "year": int, "director": str,
+              "answer": str}
+_REQUIRED = {"get_weather": ("city", "day"), "list_todos": (), "add_todo": ("title",), "complete_todo": ("id",),
+             "delete_todo": ("id",), "search_movies": (), "get_movie": ("title",), "finish": ()}
+_OPTIONAL = {"search_movies": ("genre", "year", "director"), "finish": ("answer",)}
+
+
+def _dumps(value: Any) -> str:
+  return json.dumps(value, separators=(", ", ": "))
+
+
+class ToolsEnv(base.TextEnv):
+  name = "tools"
+  version = "tools-v1"
+  max_rounds = 12
+
+  def __init__(self):
+    super().__init__()
+    self._task: ToolTask | None = None
+    self._world: World | None = None
+    self._answer: str | None = None
+    self._done_calls: set[str] = set()
+
+  def instruction(self) -> str:
+    return _INSTRUCTION
+
+  def _num_tasks(self, split: str) -> int:
+    return _TASKS.sizes[split]
+
+  def _task_key(self, index: int, split: str) -> str:
+    return _TASKS.key(index, split)
+
+  def _reset_task(self, index: int, split: str) -> str:
+    self._task = _TASKS.get(index, split)
+    self._world = self._task.world()
+    self._answer = None
+    self._done_calls = set()
+    return self._task.request
+
+  def _progress(self) -> tuple[float, bool]:
+    met = sum(goal.met(self._world, self._answer) for goal in self._task.goals)
+    return met / len(self._task.goals), met == len(self._task.goals)
+
+  def _act(self, text: str) -> base.Outcome:
+    fn, args, error = base.parse_tool_call(text)
+    if error is None:
+      result, error = self._call(fn, {} if args is None else args)
+    score, all_met = self._progress()
+    if error is not None:
+      return base.Outcome(f"Error: {error}", score)
+    self._done_calls.add(fn + json.dumps(args or {}, sort_keys=True))
+    if fn == "finish":
+      verdict = "All requests are done. Success!" if all_met else "Some requests were not completed."
+      return base.Outcome(f"Finished. {verdict}", score, True, all_met)
+    return base.Outcome(result, score)
+
+  def _call(self, fn: str, args: Any) -> tuple[str, str | None]:
+    """Runs one tool; returns (result text, None) or ("", what was wrong and how to call it)."""
+    if fn not in API:
+      return "", f"unknown tool {fn[:40]!r}. Tools: {', '.join(API)}. Write \"Action: <tool>\" then \"Action Input: {{...}}\"."
+    if not isinstance(args, dict):
+      return "", f"Action Input for {fn} must be a JSON object: {API[fn]}."
+    allowed = _REQUIRED[fn] + _OPTIONAL.get(fn, ())
+    for key in _REQUIRED[fn]:
+      if key not in args:
+        return "", f"{fn} needs {API[fn].split(' -> ')[0]}; {key!r} is missing."
+    for key, value in args.items():
+      if key not in allowed:
+        return "", f"{fn} takes {API[fn].split(' -> ')[0]}; unexpected argument {str(key)[:30]!r}."
+      if not isinstance(value, _ARG_TYPES[key]) or isinstance(value, bool):
+        return "", f"argument {key!r} of {fn} must be a {_ARG_TYPES[key].__name__}."
+    return getattr(self, f"_tool_{fn}")(**args)
+
+  def _tool_get_weather(self, city: str, day: str) -> tuple[str, str | None]:
+    cities = sorted({c for c, _ in self._world.weather})
+    match = [c for c in cities if c.lower() == city.strip().lower()]
+    if not match:
+      return "", f"no forecast for {city[:30]!r}. Cities with forecasts: {', '.join(cities)}."
+    days = [d for d in _DAYS if d.lower() == day.strip().lower()]
+    if not days:
+      return "", f"day must be one of {', '.join(_DAYS)}."
+    return _dumps(self._world.weather[(match[0], days[0])]), None
+
+  def _tool_list_todos(self) -> tuple[str, str | None]:
+    return _dumps(self._world.todos), None
+
+  def _tool_add_todo(self, title: str) -> tuple[str, str | None]:
+    title = title.strip()
+    if not title or len(title) > 80:
+      return "", "a todo title must have 1 to 80 characters."
+    if len(self._world.todos) >= 20:
+      return "", "the todo list is full (20 items)."
+    new = {"id": self._world.next_todo_id, "title": title, "done": False}
+    self._world.next_todo_id += 1
+    self._world.todos.append(new)
+    return _dumps(new), None
+
+  def _find_todo(self, todo_id: int) -> dict[str, Any] | None:
+    return next((t for t in self._world.todos if t["id"] == todo_id), None)
+
+  def _tool_complete_todo(self, id: int) -> tuple[str, str | None]:  # noqa: A002 (the API's argument name)
+    todo = self._find_todo(id)
+    if todo is None:
+      return "", f"no todo with id {id}; call list_todos to see the ids."
+    todo["done"] = True
+    return _dumps(todo), None
+
+  def _tool_delete_todo(self, id: int) -> tuple[str, str | None]:  # noqa: A002
+    todo = self._find_todo(id)
+    if todo is None:
+      return "", f"no todo with id {id}; call list_todos to see the ids."
+    self._world.todos.remove(todo)
+    return _dumps({"deleted": id}), None
+
+  def _tool_search_movies(self, genre: str | None = None, year: int | None = None,
+                          director: str | None = None) -> tuple[str, str | None]:
+    found = [m for m in self._world.movies
+             if (genre is None or m["genre"] == genre.strip().lower()) and (year is None or m["year"] == year)
+             and (director is None or m["director"].lower() == director.strip().lower())]
+    return _dumps([{"title": m["title"], "year": m["year"], "rating": m["rating"]} for m in found[:8]]), None
+
+  def _tool_get_movie(self, title: str) -> tuple[str, str | None]:
+    movie = next((m for m in self._world.movies if m["title"].lower() == title.strip().lower()), None)
+    if movie is None:
+      return "", f"no movie titled {title[:40]!r}; use search_movies to find titles."
+    return _dumps(movie), None
+
+  def _tool_finish(self, answer: str = "") -> tuple[str, str | None]:
+    self._answer = answer
+    return "", None
+
+  def _expert_turn(self) -> str:
+    for goal in self._task.goals:
+      for call in goal.plan:
+        if call.signature() not in self._done_calls:
+          return f"{base.react_turn(call.thought, call.fn)}\nAction Input: {_dumps(call.args)}"
+    answers = [goal.answer for goal in self._task.goals if goal.answer]
+    if answers:
+      thought = "I have everything; I report " + " and ".join(answers) + "."
+    else:
+      thought = "Everything requested is done."
+    return f"{base.react_turn(thought, 'finish')}\nAction Input: {_dumps({'answer': '; '.join(answers)})}"
+
+  def _sample_action(self, rng: random.Random) -> str:
+    cities = sorted({c for c, _ in self._world.weather})
+    calls = [("get_weather", {"city": rng.choice(cities), "day": rng.choice(_DAYS)}), ("list_todos", {}),
+             ("add_todo", {"title": rng.choice(_TODOS + (_RAIN_TODO, _DRY_TODO))}),
+             ("complete_todo", {"id": rng.randint(1, 5)}), ("delete_todo", {"id": rng.randint(1, 5)}),
+             ("search_movies", {"genre": rng.choice(_GENRES)}),
+             ("get_movie", {"title": rng.choice(self._world.movies)["title"]}),
+             ("finish", {"answer": rng.choice(_CONDITIONS + _DIRECTORS)})]
+    fn, args = rng.choice(calls)
+    return f"{fn}\nAction Input: {_dumps(args)}"
