@@ -277,7 +277,8 @@ class ToolsEnv(base.TextEnv):
   def _call(self, fn: str, args: Any) -> tuple[str, str | None]:
     """Runs one tool; returns (result text, None) or ("", what was wrong and how to call it)."""
     if fn not in API:
-      return "", f"unknown tool {fn[:40]!r}. Tools: {', '.join(API)}. Write \"Action: <tool>\" then \"Action Input: {{...}}\"."
+      return "", (f"unknown tool {fn[:40]!r}. Tools: {', '.join(API)}. Write \"Action: <tool>\" then "
+                  "\"Action Input: {...}\".")
     if not isinstance(args, dict):
       return "", f"Action Input for {fn} must be a JSON object: {API[fn]}."
     allowed = _REQUIRED[fn] + _OPTIONAL.get(fn, ())

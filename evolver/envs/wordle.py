@@ -6,11 +6,13 @@ letter per position: `g` right letter in the right place, `y` in the word but el
 
 The vocabulary (`data/wordle_words.txt`) is built once from Debian's `wamerican-small` word list (5 lowercase
 letters, no plurals or other simple derived forms). Hidden words are the vocabulary words that the expert
-solves within 6 guesses (all but the few in `data/wordle_unsolved.txt`); they are split into train and eval by a hash of the word.
+solves within 6 guesses (all but the few in `data/wordle_unsolved.txt`); a hash of the word puts each in
+train or eval.
 The expert is a consistent-candidate solver: a fixed opener, then the remaining candidate that splits the
 other candidates into the most feedback groups.
 
-Rebuild the data files (never needed at run time): `python -m evolver.envs.wordle --build /usr/share/dict/american-english-small`.
+Rebuild the data files (never needed at run time):
+  python -m evolver.envs.wordle --build /usr/share/dict/american-english-small
 """
 
 from __future__ import annotations

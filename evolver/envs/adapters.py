@@ -1,0 +1,251 @@
+"""How `RemoteEnv` speaks to each kind of env server: ours, and AgentGym's per-env servers.
+
+An adapter turns the Env calls into one server's requests and its answers back into Env results. Ours is
+uniform (`EvolverAdapter`); AgentGym's servers each differ (read from their code):
+
+- TextCraft: `/create` takes `{commands, goal}` and answers `{id, observation, reward, done}` (it picks a
+  task at once); `/reset {id, data_idx}`; `/step {id, action}` -> `{observation, reward, done}`; no `/close`.
+- BabyAI: `/create` takes no body and answers `{id}`; `/reset {id, data_idx}` and `/step` answer with an
+  extra `score` (their client's reward); a step after the end answers an error.
+- LMRL maze and wordle, one server under `/maze` and `/wordle`: `/create` -> `{id}`; maze resets with
+  `{id, game}` -> `{observation}`, wordle with `{id, seed}`; steps answer per-step rewards (1 when solved).
+- All: errors come as HTTP 200 with `{"error": ...}` (a bad body gets FastAPI's 422), and the ReAct parsing
+  happens in their client, so the adapter sends only the action: what follows the last `Action:`, cleaned up
+  the way AgentGym's own clients clean it.
+
+Their servers have no expert, no instruction and no splits: the adapter carries an instruction of its own,
+and the caller maps our splits onto their index space with `task_ranges`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Protocol
+
+from evolver.envs import base
+
+
+class TransportError(ConnectionError):
+  """The request did not complete (refused, reset, timed out, or a 5xx/429 answer): worth retrying.
+
+  `maybe_delivered` is False only when the request certainly never reached the server (connection refused,
+  or the server answered that it did not handle it), so resending it cannot apply it twice.
+  """
+
+  def __init__(self, message: str, maybe_delivered: bool = True):
+    super().__init__(message)
+    self.maybe_delivered = maybe_delivered
+
+
+class UnreachableError(TransportError):
+  """Every server URL kept failing through all retries."""
+
+
+class SessionLostError(RuntimeError):
+  """The server does not know our session (it restarted, or reaped it): recreate and replay."""
+
+
+class RequestError(base.EnvError):
+  """The server refused the request as malformed (a 4xx other than 404/409)."""
+
+
+class Http(Protocol):
+  def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> tuple[int, Any]:
+    ...
+
+
+def _check(status: int, answer: Any, what: str) -> Any:
+  """Maps our server's status codes to the Env's exceptions."""
+  if status == 200:
+    return answer
+  message = answer.get("error", answer) if isinstance(answer, dict) else answer
+  if status == 404:
+    raise SessionLostError(f"{what}: {message}")
+  if status == 409:
+    raise base.EpisodeNotStartedError(f"{what}: {message}")
+  if status == 429 or status >= 500:
+    # 429 and 503 mean "not handled"; other 5xx (a proxy's 502/504) may hide a handled request.
+    raise TransportError(f"{what}: HTTP {status}: {message}", maybe_delivered=status not in (429, 503))
+  raise RequestError(f"{what}: HTTP {status}: {message}")
+
+
+class Adapter:
+  """One server kind. `info` gives the Env's static fields; the rest act on one server session."""
+
+  kind = ""
+  has_expert = False
+  ends_at_max_rounds = False  # whether the server itself ends episodes after max_rounds
+
+  def info(self, http: Http) -> dict[str, Any]:
+    raise NotImplementedError
+
+  def create(self, http: Http) -> int:
+    raise NotImplementedError
+
+  def reset(self, http: Http, session: int, data_idx: int, split: str) -> str:
+    raise NotImplementedError
+
+  def step(self, http: Http, session: int, turn: str) -> tuple[str, float, bool, dict[str, Any]]:
+    raise NotImplementedError
+
+  def expert(self, http: Http, session: int) -> str:
+    raise NotImplementedError(f"{self.kind} servers have no scripted expert")
+
+  def close(self, http: Http, session: int) -> None:
+    pass
+
+
+class EvolverAdapter(Adapter):
+  """Our own server (`python -m launch.serve_env`)."""
+
+  kind = "evolver"
+  has_expert = True
+  ends_at_max_rounds = True
+
+  def info(self, http: Http) -> dict[str, Any]:
+    return _check(*http.request("GET", "/info"), "GET /info")
+
+  def create(self, http: Http) -> int:
+    return int(_check(*http.request("POST", "/create", {}), "POST /create")["id"])
+
+  def reset(self, http: Http, session: int, data_idx: int, split: str) -> str:
+    answer = _check(*http.request("POST", "/reset", {"id": session, "data_idx": data_idx, "split": split}),
+                    "POST /reset")
+    return answer["observation"]
+
+  def step(self, http: Http, session: int, turn: str) -> tuple[str, float, bool, dict[str, Any]]:
+    answer = _check(*http.request("POST", "/step", {"id": session, "action": turn}), "POST /step")
+    return answer["observation"], float(answer["reward"]), bool(answer["done"]), dict(answer["info"])
+
+  def expert(self, http: Http, session: int) -> str:
+    return _check(*http.request("GET", f"/expert?id={session}"), "GET /expert")
+
+  def close(self, http: Http, session: int) -> None:
+    try:
+      _check(*http.request("POST", "/close", {"id": session}), "POST /close")
+    except SessionLostError:
+      pass
+
+
+# ----------------------------------------------------------------------------------------------------------
+# AgentGym's servers.
+# ----------------------------------------------------------------------------------------------------------
+
+_LOST_SESSION = re.compile(r"id \S+ is not valid|has been deleted|not valid", re.IGNORECASE)
+
+
+class AgentGymAdapter(Adapter):
+  """Shared by AgentGym's servers: 200 + {"error"} answers, one index space, ReAct parsed client-side."""
+
+  env_name = ""
+  prefix = ""
+  max_rounds = 20
+  reset_key = "data_idx"
+  instruction = ""
+
+  def info(self, http: Http) -> dict[str, Any]:
+    return {"name": self.env_name, "version": f"agentgym-{self.env_name}", "instruction": self.instruction,
+            "max_rounds": self.max_rounds}
+
+  def _post(self, http: Http, route: str, payload: dict[str, Any] | None) -> dict[str, Any]:
+    status, answer = http.request("POST", self.prefix + route, payload)
+    if status == 422:  # FastAPI's validation error: our request is wrong, not the server's state
+      raise RequestError(f"POST {self.prefix}{route}: HTTP 422: {answer}")
+    answer = _check(status, answer, f"POST {self.prefix}{route}")
+    if isinstance(answer, dict) and "error" in answer:
+      message = str(answer["error"])
+      if _LOST_SESSION.search(message):
+        raise SessionLostError(f"POST {self.prefix}{route}: {message}")
+      raise RequestError(f"POST {self.prefix}{route}: {message}")
+    return answer
+
+  def create(self, http: Http) -> int:
+    return int(self._post(http, "/create", None)["id"])
+
+  def reset(self, http: Http, session: int, data_idx: int, split: str) -> str:
+    return self._post(http, "/reset", {"id": session, self.reset_key: data_idx})["observation"]
+
+  def action(self, turn: str) -> str:
+    """What their server expects from a whole ReAct turn."""
+    return base.parse_action(turn)
+
+  def step(self, http: Http, session: int, turn: str) -> tuple[str, float, bool, dict[str, Any]]:
+    answer = self._post(http, "/step", {"id": session, "action": self.action(turn)})
+    reward = min(1.0, max(0.0, float(answer.get("reward", 0.0))))
+    return answer["observation"], reward, bool(answer["done"]), {"success": reward >= 1.0}
+
+
+class TextCraftAdapter(AgentGymAdapter):
+  env_name = "textcraft"
+  instruction = ("You are given crafting recipes to craft items in Minecraft. Crafting commands are of the "
+                 "format \"craft [target object] using [input ingredients]\". Each round you get an observation "
+                 "and respond with one action: \"get N item\" fetches raw ingredients, \"inventory\" shows what "
+                 "you carry, \"craft N X using N A, N B\" applies one of the given crafting commands. Always give "
+                 "quantities.\n\nEach turn, reply with a short thought and one action:\nThought: <your reasoning>"
+                 "\nAction: <one action>\n\nExample:\nThought: I need 1 lapis lazuli for the blue dye.\n"
+                 "Action: get 1 lapis lazuli")
+
+  def create(self, http: Http) -> int:
+    # Their /create builds an env and picks a task at once; our reset picks the task we want afterwards.
+    return int(self._post(http, "/create", {"commands": None, "goal": None})["id"])
+
+  def action(self, turn: str) -> str:
+    # As their client: keep letters, digits, commas and spaces; "look" is "inventory" there.
+    action = " ".join(re.sub(r"[^A-Za-z0-9, ]+", "", base.parse_action(turn)).split())
+    return "inventory" if action.lower() == "look" else action
+
+
+class BabyAIAdapter(AgentGymAdapter):
+  env_name = "babyai"
+  instruction = ("You are an exploration master that wants to finish every goal you are given. You are placed "
+                 "in a room and must reach the goal with actions: turn right, turn left, move forward, go to "
+                 "<obj> <id>, pick up <obj> <id>, go through <door> <id> (an open door), toggle and go through "
+                 "<door> <id>, toggle (the closed or locked door in front of you; a locked one needs its key).\n\n"
+                 "Each turn, reply with a short thought and one action:\nThought: <your reasoning>\n"
+                 "Action: <one action>\n\nExample:\nThought: The red ball is ahead.\nAction: go to red ball 1")
+
+  def step(self, http: Http, session: int, turn: str) -> tuple[str, float, bool, dict[str, Any]]:
+    answer = self._post(http, "/step", {"id": session, "action": self.action(turn).lower()})
+    # Their client reports `score` as the reward; BabyAI's reward is positive only on success.
+    reward = min(1.0, max(0.0, float(answer.get("score", answer.get("reward", 0.0)))))
+    done = bool(answer["done"])
+    return answer["observation"], reward, done, {"success": done and reward > 0.0}
+
+
+class LmrlMazeAdapter(AgentGymAdapter):
+  env_name = "maze"
+  prefix = "/maze"
+  reset_key = "game"
+  instruction = ("You are an expert maze solver. Reach the goal in as few steps as possible. Each step you are "
+                 "told where the goal is, your position, and the walls around you. Moving right increases your "
+                 "y position by 1; moving down increases your x position by 1. Actions: move up, move down, "
+                 "move left, move right.\n\nEach turn, reply with a short thought and one action:\n"
+                 "Thought: <your reasoning>\nAction: <one action>\n\nExample:\nThought: The goal is below me.\n"
+                 "Action: move down")
+
+  def action(self, turn: str) -> str:
+    action = base.parse_action(turn).lower()
+    return f"move {action}" if action in ("up", "down", "left", "right") else action
+
+
+class LmrlWordleAdapter(AgentGymAdapter):
+  env_name = "wordle"
+  prefix = "/wordle"
+  reset_key = "seed"
+  max_rounds = 8
+  instruction = ("Let's play Wordle. Guess the hidden 5-letter word in at most 6 tries. Type a guess as five "
+                 "space-separated letters, like \"s h i r e\". After each guess you get one letter per position: "
+                 "g (right letter, right place), y (in the word, elsewhere), b (not in the word). Invalid words "
+                 "get \"invalid word\".\n\nEach turn, reply with a short thought and one action:\n"
+                 "Thought: <your reasoning>\nAction: <your guess>\n\nExample:\nThought: A common opener.\n"
+                 "Action: c r a t e")
+
+  def action(self, turn: str) -> str:
+    action = base.parse_action(turn).lower().strip()
+    if len(action) == 5 and action.isalpha():
+      return " ".join(action)  # their env wants space-separated letters
+    return action
+
+
+AGENTGYM_ADAPTERS: dict[str, type[AgentGymAdapter]] = {
+    "textcraft": TextCraftAdapter, "babyai": BabyAIAdapter, "maze": LmrlMazeAdapter, "wordle": LmrlWordleAdapter}

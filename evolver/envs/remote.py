@@ -1,0 +1,316 @@
+"""`RemoteEnv`: the Env interface over HTTP, so a rollout cannot tell a served env from a local one.
+
+  env = RemoteEnv(["http://10.0.0.5:36001", "http://10.0.0.6:36001"])      # our servers, spread round-robin
+  env = RemoteEnv("http://127.0.0.1:36005", env_name="textcraft", server="agentgym",
+                  task_ranges={"train": (0, 400), "eval": (400, 500)})         # AgentGym's TextCraft server
+
+Failure handling, in order:
+- transient failures (connection refused or reset, timeouts, HTTP 429/5xx) are retried with exponential
+  backoff, `max_retries` times; each request has a `timeout_s` socket timeout;
+- when the server no longer knows our session (HTTP 404 after a restart, or an idle reap), or a step's
+  outcome is unknown because the connection broke, the client opens a fresh session, resets it to the same
+  task and replays the episode's actions so far (envs are deterministic by task index), checking that every
+  replayed observation matches the one recorded; then it carries on as if nothing happened;
+- when that cannot work (the replay diverges, or the servers stay unreachable), the step reports the episode
+  as failed: `done=True`, `info["success"]=False`, `info["error"]` saying why. Never silently wrong.
+Sessions start on the URLs in round-robin order (process-wide); recovery moves to the next URL when one
+stays unreachable, so rollouts scale out over many env servers on many hosts.
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import json
+import random
+import socket
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from evolver.envs import adapters, base
+
+_RETRYABLE = (ConnectionError, socket.timeout, TimeoutError, http.client.HTTPException, OSError)
+_MAX_RECOVERIES = 3  # fresh sessions tried for one call before the episode is given up
+
+
+class HttpClient:
+  """One keep-alive HTTP/1.1 connection to one server (stdlib `http.client`), JSON in and out."""
+
+  def __init__(self, url: str, timeout_s: float):
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme != "http" or not parts.hostname:
+      raise ValueError(f"expected a URL like http://host:port, got {url!r}")
+    self.url = url
+    self._host = parts.hostname
+    self._port = parts.port or 80
+    self._prefix = parts.path.rstrip("/")
+    self._timeout_s = timeout_s
+    self._conn: http.client.HTTPConnection | None = None
+
+  def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """(status, decoded JSON or text); raises adapters.TransportError when no answer came back."""
+    body = None if payload is None else json.dumps(payload).encode("utf-8")
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if self._conn is None:
+      self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
+      try:
+        self._conn.connect()
+      except _RETRYABLE as error:  # nothing was sent
+        self.close()
+        raise adapters.TransportError(f"{method} {self.url}{path}: {error.__class__.__name__}: {error}",
+                                      maybe_delivered=False) from error
+    try:
+      self._conn.request(method, self._prefix + path, body=body, headers=headers)
+      response = self._conn.getresponse()
+      data = response.read()
+      if response.will_close:
+        self.close()
+    except _RETRYABLE as error:
+      self.close()
+      raise adapters.TransportError(f"{method} {self.url}{path}: {error.__class__.__name__}: {error}") from error
+    try:
+      return response.status, json.loads(data)
+    except ValueError:
+      return response.status, data.decode("utf-8", "replace")
+
+  def close(self) -> None:
+    if self._conn is not None:
+      self._conn.close()
+      self._conn = None
+
+
+_round_robin_lock = threading.Lock()
+_round_robin: dict[tuple[str, ...], itertools.count] = {}
+
+
+def _next_start(urls: tuple[str, ...]) -> int:
+  with _round_robin_lock:
+    counter = _round_robin.setdefault(urls, itertools.count())
+    return next(counter) % len(urls)
+
+
+class ReplayDivergedError(RuntimeError):
+  pass
+
+
+class RemoteEnv:
+  """An Env served over HTTP (see the module docstring). Not thread-safe: one per rollout worker/episode."""
+
+  def __init__(self, urls: str | list[str], env_name: str | None = None, *, server: str = "evolver",
+               task_ranges: dict[str, tuple[int, int]] | None = None, timeout_s: float = 60.0,
+               max_retries: int = 8, backoff_s: float = 0.05, max_backoff_s: float = 2.0):
+    """
+    Args:
+      urls: one server URL or several; sessions spread over them round-robin.
+      env_name: for our servers, checked against the server's `/info`; for AgentGym's, picks the adapter.
+      server: "evolver" (ours, `launch.serve_env`) or "agentgym" (their per-env servers).
+      task_ranges: AgentGym servers only: split -> [start, stop) of their data indices.
+      timeout_s: socket timeout of each request, seconds.
+      max_retries: attempts per request before giving up on a URL.
+      backoff_s, max_backoff_s: first and largest wait between attempts, seconds (doubling, with jitter).
+    """
+    self.urls = (urls,) if isinstance(urls, str) else tuple(urls)
+    if not self.urls:
+      raise ValueError("RemoteEnv needs at least one server URL")
+    if server == "evolver":
+      self._adapter: adapters.Adapter = adapters.EvolverAdapter()
+      self._task_ranges = None
+    elif server == "agentgym":
+      if env_name not in adapters.AGENTGYM_ADAPTERS:
+        raise ValueError(f"no AgentGym adapter for env {env_name!r}; have {sorted(adapters.AGENTGYM_ADAPTERS)}")
+      if not task_ranges or set(task_ranges) != set(base.SPLITS):
+        raise ValueError("AgentGym servers have no splits: pass task_ranges={'train': (start, stop), "
+                         "'eval': (start, stop)} in their data-index space")
+      self._adapter = adapters.AGENTGYM_ADAPTERS[env_name]()
+      self._task_ranges = {split: (int(a), int(b)) for split, (a, b) in task_ranges.items()}
+    else:
+      raise ValueError(f"server must be 'evolver' or 'agentgym', got {server!r}")
+    self._timeout_s = timeout_s
+    self._max_retries = max_retries
+    self._backoff_s = backoff_s
+    self._max_backoff_s = max_backoff_s
+    self._url_index = _next_start(self.urls)
+    self._http = HttpClient(self.urls[self._url_index], timeout_s)
+    self._session: int | None = None
+    self._info = self._with_retries(lambda: self._adapter.info(self._http))
+    if server == "evolver" and env_name is not None and self._info["name"] != env_name:
+      raise ValueError(f"{self._http.url} serves {self._info['name']!r}, not {env_name!r}")
+    self.name: str = self._info["name"]
+    self.version: str = self._info["version"]
+    self.max_rounds: int = int(self._info["max_rounds"])
+    # The episode so far, for replay after a lost session.
+    self._task: tuple[int, str] | None = None
+    self._turns: list[str] = []
+    self._observations: list[str] = []
+    self._observation = ""
+    self._reward = 0.0
+    self._done = False
+    self._success = False
+    self.recoveries = 0  # how many times a session was recreated and replayed
+
+  # --- the Env protocol ---------------------------------------------------------------------------------
+
+  def instruction(self) -> str:
+    return self._info["instruction"]
+
+  def num_tasks(self, split: str) -> int:
+    base.check_split(split)
+    if self._task_ranges is not None:
+      start, stop = self._task_ranges[split]
+      return stop - start
+    return int(self._info["num_tasks"][split])
+
+  def reset(self, index: int, split: str = "train") -> str:
+    base.check_index(index, split, self.num_tasks(split))
+    observation = self._with_session(lambda session: self._reset_session(session, index, split),
+                                     idempotent=True, replay=False)
+    self._task = (index, split)
+    self._turns, self._observations = [], [observation]
+    self._observation, self._reward, self._done, self._success = observation, 0.0, False, False
+    return observation
+
+  def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
+    if self._task is None:
+      raise base.EpisodeNotStartedError(f"{self.name}: call reset(index, split) before step()")
+    if not isinstance(text, str):
+      raise base.EnvError(f"action must be a string, got {type(text).__name__}")
+    if self._done:
+      observation = "The episode is over; no further actions are accepted. Reset to start a new task."
+      return observation, self._reward, True, {"success": self._success}
+    try:
+      observation, reward, done, info = self._with_session(
+          lambda session: self._adapter.step(self._http, session, text), idempotent=False, replay=True)
+    except (adapters.TransportError, adapters.SessionLostError, ReplayDivergedError) as error:
+      return self._abort(f"the env server failed and the episode could not be recovered: {error}")
+    self._turns.append(text)
+    self._observations.append(observation)
+    if not self._adapter.ends_at_max_rounds and not done and len(self._turns) >= self.max_rounds:
+      done = True
+      observation += f"\nOut of rounds ({self.max_rounds}); the episode is over."
+    info.setdefault("success", False)
+    self._observation, self._reward, self._done, self._success = observation, reward, done, bool(info["success"])
+    return observation, reward, done, info
+
+  def expert_action(self) -> str:
+    if self._task is None:
+      raise base.EpisodeNotStartedError(f"{self.name}: call reset(index, split) before expert_action()")
+    if not self._adapter.has_expert:
+      raise NotImplementedError(f"{self._adapter.kind} {self.name} servers have no scripted expert")
+    try:
+      return self._with_session(lambda session: self._adapter.expert(self._http, session), idempotent=True,
+                                replay=True)
+    except ReplayDivergedError as error:
+      self._abort(f"the env server failed and the episode could not be recovered: {error}")
+      raise adapters.SessionLostError(str(error)) from error
+
+  # --- conveniences -------------------------------------------------------------------------------------
+
+  @property
+  def observation(self) -> str:
+    return self._observation
+
+  @property
+  def done(self) -> bool:
+    return self._done
+
+  @property
+  def url(self) -> str:
+    """The server this env's session lives on."""
+    return self._http.url
+
+  def close(self) -> None:
+    if self._session is not None:
+      try:
+        self._adapter.close(self._http, self._session)
+      except (adapters.TransportError, adapters.SessionLostError, base.EnvError):
+        pass
+      self._session = None
+    self._http.close()
+
+  def __enter__(self) -> "RemoteEnv":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  # --- plumbing -----------------------------------------------------------------------------------------
+
+  def _data_idx(self, index: int, split: str) -> int:
+    return index if self._task_ranges is None else self._task_ranges[split][0] + index
+
+  def _reset_session(self, session: int, index: int, split: str) -> str:
+    return self._adapter.reset(self._http, session, self._data_idx(index, split), split)
+
+  def _sleep(self, attempt: int) -> None:
+    delay = min(self._max_backoff_s, self._backoff_s * 2**attempt)
+    time.sleep(delay * (0.5 + random.random() / 2))
+
+  def _with_retries(self, call, idempotent: bool = True):
+    """Runs `call` until it gets an answer; moves to the next URL after `max_retries` transport failures.
+
+    A request that is not idempotent (a step) is not resent once it may have reached the server: the error
+    goes up, and `_with_session` replays the episode on a fresh session instead.
+    """
+    last: Exception | None = None
+    for rotation in range(len(self.urls)):
+      for attempt in range(self._max_retries):
+        try:
+          return call()
+        except adapters.TransportError as error:
+          if not idempotent and error.maybe_delivered:
+            raise
+          last = error
+          self._sleep(attempt)
+      if rotation + 1 < len(self.urls):
+        self._move_to_next_url()
+    raise adapters.UnreachableError(f"no answer after {self._max_retries} tries on each of {list(self.urls)}: {last}")
+
+  def _move_to_next_url(self) -> None:
+    self._http.close()
+    self._url_index = (self._url_index + 1) % len(self.urls)
+    self._http = HttpClient(self.urls[self._url_index], self._timeout_s)
+    self._session = None
+
+  def _with_session(self, call, *, idempotent: bool, replay: bool):
+    """Runs `call(session)`, creating the session first, and recreating it (replaying the episode when
+    `replay`) when the server lost it or a request's outcome is unknown."""
+    last: Exception | None = None
+    for _ in range(_MAX_RECOVERIES):
+      try:
+        if self._session is None:
+          self._session = self._with_retries(lambda: self._adapter.create(self._http))
+          if replay:
+            self._replay()
+        session = self._session
+        return self._with_retries(lambda: call(session), idempotent=idempotent)
+      except adapters.UnreachableError:
+        self._session = None
+        raise
+      except (adapters.SessionLostError, adapters.TransportError) as error:
+        last = error
+        self._session = None
+        self.recoveries += 1
+    raise adapters.SessionLostError(f"the session was lost {_MAX_RECOVERIES} times in a row: {last}")
+
+  def _replay(self) -> None:
+    """Brings the fresh session to where the episode was; raises ReplayDivergedError if it differs."""
+    index, split = self._task
+    session = self._session
+    observation = self._with_retries(lambda: self._reset_session(session, index, split))
+    if observation != self._observations[0]:
+      raise ReplayDivergedError("the replay diverged: after a server restart the task's first observation "
+                                "differs")
+    for turn, expected in zip(self._turns, self._observations[1:]):
+      observation = self._with_retries(lambda: self._adapter.step(self._http, session, turn), idempotent=False)[0]
+      if observation != expected:
+        raise ReplayDivergedError("the replay diverged: after a server restart a replayed step gave another "
+                                  "observation")
+
+  def _abort(self, why: str) -> tuple[str, float, bool, dict[str, Any]]:
+    self._session = None
+    self._done, self._success, self._reward = True, False, 0.0
+    self._observation = f"Episode aborted: {why}"
+    return self._observation, 0.0, True, {"success": False, "error": why}
+

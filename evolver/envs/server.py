@@ -1,0 +1,418 @@
+"""The env HTTP server: AgentGym's id-keyed protocol, extended to carry the whole Env interface.
+
+  POST /create {data_idx?, split?}     -> {id, observation, reward, done}   (resets at once if data_idx given)
+  POST /reset  {id, data_idx, split?}  -> {id, observation, reward, done}
+  POST /step   {id, action}            -> {observation, reward, done, info}
+  GET  /observation?id=                -> the latest observation, a JSON string
+  GET  /expert?id=                     -> the scripted expert's next turn, a JSON string
+  POST /close  {id}                    -> {closed: true}
+  GET  /info                           -> {name, version, instruction, max_rounds, num_tasks: {train, eval}}
+  GET  /health                         -> {status, env, sessions}
+
+Errors are JSON `{"error": ...}`: 400 bad body or argument (malformed JSON, missing or mistyped field, bad
+split, data_idx out of range), 404 unknown or closed id and unknown route, 405 wrong method, 409 step before
+reset, 413 body too large, 429 too many live sessions, 422 when an env fails on a request. Never 500.
+
+It is one process running a lean HTTP/1.1 server on asyncio (keep-alive, pipelining, `Expect: 100-continue`):
+env steps take microseconds, so parsing and framing dominate, and a plain protocol class beats a framework
+by a wide margin (see `launch/benchmarks/env.py`). Env calls run on the event loop; every built-in env keeps
+its calls short (the SQL env stops queries after a quarter of a second). Session ids start at a random
+offset so that a client holding an id from before a restart gets 404, never somebody else's session.
+Sessions idle for `idle_timeout_s` are closed; at most `max_sessions` live at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+from urllib.parse import parse_qs
+
+from evolver.envs import base
+
+MAX_HEADER_BYTES = 64 * 1024
+MAX_BODY_BYTES = 1024 * 1024
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
+            411: "Length Required", 413: "Payload Too Large", 422: "Unprocessable Entity",
+            429: "Too Many Requests", 431: "Request Header Fields Too Large", 501: "Not Implemented"}
+
+
+class HttpError(Exception):
+  """An error answer: status code and message."""
+
+  def __init__(self, status: int, message: str):
+    super().__init__(message)
+    self.status = status
+    self.message = message
+
+
+class _Session:
+  __slots__ = ("env", "last_used")
+
+  def __init__(self, env: base.TextEnv):
+    self.env = env
+    self.last_used = time.monotonic()
+
+
+def _field(body: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
+  if name not in body:
+    if default is ...:
+      raise HttpError(400, f"missing field {name!r}")
+    return default
+  value = body[name]
+  if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+    raise HttpError(400, f"field {name!r} must be an integer, got {type(value).__name__}")
+  if kind is str and not isinstance(value, str):
+    raise HttpError(400, f"field {name!r} must be a string, got {type(value).__name__}")
+  return value
+
+
+class EnvService:
+  """The sessions and the routes, independent of HTTP framing (one instance per server)."""
+
+  def __init__(self, env_factory: Callable[[], base.TextEnv], *, max_sessions: int = 1024,
+               idle_timeout_s: float = 900.0):
+    self._factory = env_factory
+    self.max_sessions = max_sessions
+    self.idle_timeout_s = idle_timeout_s
+    self._sessions: dict[int, _Session] = {}
+    self._next_id = secrets.randbelow(2**40)
+    probe = env_factory()
+    self.info = {"name": probe.name, "version": probe.version, "instruction": probe.instruction(),
+                 "max_rounds": probe.max_rounds,
+                 "num_tasks": {split: probe.num_tasks(split) for split in base.SPLITS}}
+    self._routes: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
+        "/create": ("POST", self.create), "/reset": ("POST", self.reset), "/step": ("POST", self.step),
+        "/close": ("POST", self.close), "/observation": ("GET", self.observation), "/expert": ("GET", self.expert),
+        "/info": ("GET", lambda _: self.info), "/health": ("GET", self.health),
+        "/": ("GET", lambda _: f"This is environment {self.info['name']}."),
+    }
+
+  @property
+  def num_sessions(self) -> int:
+    return len(self._sessions)
+
+  def handle(self, method: str, target: str, body: bytes) -> tuple[int, Any]:
+    """Answers one request: (status, JSON-able payload). Never raises."""
+    try:
+      path, _, query = target.partition("?")
+      if path not in self._routes:
+        raise HttpError(404, f"unknown route {path[:100]!r}")
+      allowed, handler = self._routes[path]
+      if method != allowed and not (method == "HEAD" and allowed == "GET"):
+        raise HttpError(405, f"{path} takes {allowed}, not {method[:10]}")
+      if allowed == "GET":
+        arguments = {k: v[-1] for k, v in parse_qs(query).items()}
+      elif body.strip():
+        try:
+          arguments = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as error:
+          raise HttpError(400, f"body is not valid JSON: {error}") from None
+        if not isinstance(arguments, dict):
+          raise HttpError(400, "body must be a JSON object")
+      else:
+        arguments = {}
+      return 200, handler(arguments)
+    except HttpError as error:
+      return error.status, {"error": error.message}
+    except base.EpisodeNotStartedError as error:
+      return 409, {"error": str(error)}
+    except base.EnvError as error:
+      return 400, {"error": str(error)}
+    except Exception as error:  # An env bug must not take the server down or answer 500.
+      traceback.print_exc(file=sys.stderr)
+      return 422, {"error": f"the env failed on this request: {error.__class__.__name__}: {error}"}
+
+  # --- sessions -------------------------------------------------------------------------------------------
+
+  def _session(self, arguments: dict[str, Any], from_query: bool = False) -> _Session:
+    if from_query:
+      raw = arguments.get("id")
+      if raw is None:
+        raise HttpError(400, "missing query parameter 'id'")
+      try:
+        session_id = int(raw)
+      except ValueError:
+        raise HttpError(400, f"query parameter 'id' must be an integer, got {raw[:40]!r}") from None
+    else:
+      session_id = _field(arguments, "id", int)
+    session = self._sessions.get(session_id)
+    if session is None:
+      raise HttpError(404, f"no session {session_id}: unknown, closed or reaped after being idle")
+    session.last_used = time.monotonic()
+    return session
+
+  def reap_idle(self) -> int:
+    """Closes sessions idle for longer than `idle_timeout_s`; returns how many."""
+    cutoff = time.monotonic() - self.idle_timeout_s
+    stale = [sid for sid, session in self._sessions.items() if session.last_used < cutoff]
+    for sid in stale:
+      self._drop(sid)
+    return len(stale)
+
+  def _drop(self, session_id: int) -> None:
+    session = self._sessions.pop(session_id, None)
+    if session is not None and hasattr(session.env, "close"):
+      session.env.close()
+
+  def close_all(self) -> None:
+    for sid in list(self._sessions):
+      self._drop(sid)
+
+  # --- routes ---------------------------------------------------------------------------------------------
+
+  def create(self, arguments: dict[str, Any]) -> dict[str, Any]:
+    if "data_idx" in arguments:  # validate before allocating anything
+      _field(arguments, "data_idx", int)
+    split = _field(arguments, "split", str, "train")
+    if len(self._sessions) >= self.max_sessions:
+      self.reap_idle()
+      if len(self._sessions) >= self.max_sessions:
+        raise HttpError(429, f"too many live sessions ({self.max_sessions}); close some or retry later")
+    env = self._factory()
+    observation = "Session created; call /reset with a data_idx to start a task."
+    if "data_idx" in arguments:
+      observation = env.reset(arguments["data_idx"], split)
+    session_id = self._next_id
+    self._next_id += 1
+    self._sessions[session_id] = _Session(env)
+    return {"id": session_id, "observation": observation, "reward": 0.0, "done": False}
+
+  def reset(self, arguments: dict[str, Any]) -> dict[str, Any]:
+    session = self._session(arguments)
+    index = _field(arguments, "data_idx", int)
+    split = _field(arguments, "split", str, "train")
+    observation = session.env.reset(index, split)
+    return {"id": arguments["id"], "observation": observation, "reward": 0.0, "done": False}
+
+  def step(self, arguments: dict[str, Any]) -> dict[str, Any]:
+    session = self._session(arguments)
+    action = _field(arguments, "action", str)
+    observation, reward, done, info = session.env.step(action)
+    return {"observation": observation, "reward": reward, "done": done, "info": info}
+
+  def observation(self, arguments: dict[str, Any]) -> str:
+    return self._session(arguments, from_query=True).env.observation
+
+  def expert(self, arguments: dict[str, Any]) -> str:
+    return self._session(arguments, from_query=True).env.expert_action()
+
+  def close(self, arguments: dict[str, Any]) -> dict[str, Any]:
+    session_id = _field(arguments, "id", int)
+    if session_id not in self._sessions:
+      raise HttpError(404, f"no session {session_id}: unknown, closed or reaped after being idle")
+    self._drop(session_id)
+    return {"closed": True}
+
+  def health(self, _: dict[str, Any]) -> dict[str, Any]:
+    return {"status": "ok", "env": self.info["name"], "sessions": len(self._sessions)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# HTTP/1.1 framing on asyncio.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _response(status: int, payload: Any, keep_alive: bool, head_only: bool = False) -> bytes:
+  body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+  head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+          f"Content-Length: {len(body)}\r\n{'Connection: keep-alive' if keep_alive else 'Connection: close'}\r\n\r\n")
+  return head.encode("latin-1") + (b"" if head_only else body)
+
+
+class _HttpProtocol(asyncio.Protocol):
+  """One connection: parses pipelined requests from the buffer and answers them in order."""
+
+  def __init__(self, service: EnvService, connections: set):
+    self._service = service
+    self._connections = connections
+    self._buffer = bytearray()
+    self._transport: asyncio.Transport | None = None
+    self._sent_continue = False
+    self._discard = 0  # bytes of a refused body still to swallow before closing
+
+
+  def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    self._transport = transport
+    self._connections.add(transport)
+
+  def connection_lost(self, exc: Exception | None) -> None:
+    self._connections.discard(self._transport)
+
+  def data_received(self, data: bytes) -> None:
+    if self._discard:
+      self._discard -= min(self._discard, len(data))
+      if not self._discard:
+        self._transport.close()
+      return
+    self._buffer += data
+    while self._transport is not None and not self._transport.is_closing():
+      if not self._next_request():
+        return
+
+  def _fail(self, status: int, message: str) -> None:
+    self._transport.write(_response(status, {"error": message}, keep_alive=False))
+    self._transport.close()
+    self._buffer.clear()
+
+  def _next_request(self) -> bool:
+    """Answers the first complete request in the buffer; False when more bytes are needed."""
+    end = self._buffer.find(b"\r\n\r\n")
+    if end < 0:
+      if len(self._buffer) > MAX_HEADER_BYTES:
+        self._fail(431, "request headers too large")
+      return False
+    lines = self._buffer[:end].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+      self._fail(400, "malformed request line")
+      return False
+    method, target, version = parts
+    length, keep_alive, expect_continue = 0, version == "HTTP/1.1", False
+    for line in lines[1:]:
+      name, _, value = line.partition(":")
+      name = name.strip().lower()
+      if name == "content-length":
+        try:
+          length = int(value)
+        except ValueError:
+          length = -1
+        if length < 0:
+          self._fail(400, "bad Content-Length")
+          return False
+      elif name == "connection":
+        value = value.strip().lower()
+        keep_alive = value == "keep-alive" or (keep_alive and value != "close")
+      elif name == "transfer-encoding":
+        self._fail(411, "chunked bodies are not supported; send Content-Length")
+        return False
+      elif name == "expect":
+        expect_continue = value.strip().lower() == "100-continue"
+    if length > MAX_BODY_BYTES:
+      # Answer now, then swallow what the client still sends (up to a bound) so that it can read the answer.
+      received = len(self._buffer) - end - 4
+      self._transport.write(_response(413, {"error": f"body larger than {MAX_BODY_BYTES} bytes"}, keep_alive=False))
+      self._buffer.clear()
+      self._discard = length - received
+      if self._discard <= 0 or self._discard > 16 * MAX_BODY_BYTES:
+        self._discard = 0
+        self._transport.close()
+      return False
+    total = end + 4 + length
+    if len(self._buffer) < total:
+      if expect_continue and not self._sent_continue:
+        self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._sent_continue = True
+      return False
+    body = bytes(self._buffer[end + 4:total])
+    del self._buffer[:total]
+    self._sent_continue = False
+    status, payload = self._service.handle(method, target, body)
+    self._transport.write(_response(status, payload, keep_alive, head_only=method == "HEAD"))
+    if not keep_alive:
+      self._transport.close()
+      return False
+    return True
+
+
+class EnvServer:
+  """Serves one env over HTTP. `await start()` binds; `port` is then the bound port."""
+
+  def __init__(self, env_name: str | None = None, *, env_factory: Callable[[], base.TextEnv] | None = None,
+               host: str = "127.0.0.1", port: int = 0, max_sessions: int = 1024, idle_timeout_s: float = 900.0):
+    if env_factory is None:
+      from evolver import envs  # the registry; imported here to keep this module free of env imports
+      env_factory = envs.env_class(env_name)
+    self.service = EnvService(env_factory, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s)
+    self.host = host
+    self.port = port
+    self._server: asyncio.AbstractServer | None = None
+    self._connections: set = set()
+    self._reaper: asyncio.TimerHandle | None = None
+
+  async def start(self) -> int:
+    loop = asyncio.get_running_loop()
+    self._server = await loop.create_server(lambda: _HttpProtocol(self.service, self._connections),
+                                            self.host, self.port, reuse_address=True, backlog=1024)
+    self.port = self._server.sockets[0].getsockname()[1]
+    self._schedule_reap()
+    return self.port
+
+  def _schedule_reap(self) -> None:
+    interval = max(0.05, min(30.0, self.service.idle_timeout_s / 4))
+
+    def reap() -> None:
+      self.service.reap_idle()
+      self._reaper = asyncio.get_running_loop().call_later(interval, reap)
+
+    self._reaper = asyncio.get_running_loop().call_later(interval, reap)
+
+  async def stop(self) -> None:
+    if self._reaper is not None:
+      self._reaper.cancel()
+    if self._server is not None:
+      self._server.close()
+    for transport in list(self._connections):
+      transport.close()
+    if self._server is not None:
+      await self._server.wait_closed()
+    self.service.close_all()
+
+  async def serve_forever(self, on_ready: Callable[[int], None] | None = None) -> None:
+    await self.start()
+    if on_ready is not None:
+      on_ready(self.port)
+    try:
+      await asyncio.Event().wait()
+    finally:
+      await self.stop()
+
+
+class ServerThread:
+  """An `EnvServer` on its own event loop in a daemon thread (tests, notebooks, in-process benchmarks).
+
+    with ServerThread("maze") as server:
+      env = RemoteEnv(server.url)
+  """
+
+  def __init__(self, env_name: str | None = None, **kwargs):
+    self.server = EnvServer(env_name, **kwargs)
+    self._loop = asyncio.new_event_loop()
+    self._ready = threading.Event()
+    self._thread = threading.Thread(target=self._run, name=f"env-server-{env_name}", daemon=True)
+    self._thread.start()
+    if not self._ready.wait(timeout=60):
+      raise RuntimeError("env server did not start within 60 s")
+
+  def _run(self) -> None:
+    asyncio.set_event_loop(self._loop)
+    self._loop.run_until_complete(self.server.start())
+    self._ready.set()
+    self._loop.run_forever()
+    self._loop.run_until_complete(self.server.stop())
+    self._loop.close()
+
+  @property
+  def port(self) -> int:
+    return self.server.port
+
+  @property
+  def url(self) -> str:
+    return f"http://{self.server.host}:{self.server.port}"
+
+  def stop(self) -> None:
+    if self._thread.is_alive():
+      self._loop.call_soon_threadsafe(self._loop.stop)
+      self._thread.join(timeout=30)
+
+  def __enter__(self) -> "ServerThread":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.stop()
