@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Any
 
+from launch.benchmarks import common
+
 GENERATOR = "asyncio keep-alive HTTP/1.1 load generator (separate process)"
 _ACTIONS = {
     "textcraft": ("Thought: Let me look at what I have.\nAction: inventory",
@@ -88,16 +90,29 @@ async def _client(host: str, port: int, actions: tuple[str, ...], task: int, dea
   return counted
 
 
-async def _load(host: str, port: int, clients: int, seconds: float, warmup: float, env: str) -> dict[str, Any]:
+async def _load(host: str, port: int, clients: int, seconds: float, warmup: float, env: str,
+                server_pid: int | None) -> dict[str, Any]:
   actions = _ACTIONS.get(env, _ACTIONS["textcraft"])
   now = time.perf_counter()
   warm, end = now + warmup, now + warmup + seconds
   latencies: list[float] = []
-  counts = await asyncio.gather(*(_client(host, port, actions, i, warm, end, latencies) for i in range(clients)))
+  cpu: dict[str, float | None] = {}
+
+  async def sample_cpu() -> None:
+    # CPU use of both processes over the measured window only: which side is the bottleneck.
+    await asyncio.sleep(warm - time.perf_counter())
+    own, server = time.process_time(), _cpu_seconds(server_pid)
+    await asyncio.sleep(end - time.perf_counter())
+    cpu["loadgen_cpu"] = (time.process_time() - own) / seconds
+    after = _cpu_seconds(server_pid)
+    cpu["server_cpu"] = None if server is None or after is None else (after - server) / seconds
+
+  counts, _ = await asyncio.gather(
+      asyncio.gather(*(_client(host, port, actions, i, warm, end, latencies) for i in range(clients))), sample_cpu())
   latencies.sort()
   pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3 if latencies else float("nan")
   return {"steps": sum(counts), "seconds": seconds, "steps_per_s": sum(counts) / seconds,
-          "p50_ms": pick(0.5), "p99_ms": pick(0.99)}
+          "p50_ms": pick(0.5), "p99_ms": pick(0.99), **cpu}
 
 
 def loadgen_main(argv: list[str]) -> None:
@@ -108,8 +123,10 @@ def loadgen_main(argv: list[str]) -> None:
   parser.add_argument("--seconds", type=float, default=3.0)
   parser.add_argument("--warmup", type=float, default=0.5)
   parser.add_argument("--env", default="textcraft")
+  parser.add_argument("--server_pid", type=int, default=None, help="report this process's CPU use too")
   args = parser.parse_args(argv)
-  result = asyncio.run(_load(args.host, args.port, args.clients, args.seconds, args.warmup, args.env))
+  result = asyncio.run(_load(args.host, args.port, args.clients, args.seconds, args.warmup, args.env,
+                             args.server_pid))
   print(json.dumps(result), flush=True)
 
 
@@ -149,14 +166,22 @@ def _start_server(env_name: str) -> tuple[subprocess.Popen, int]:
   raise RuntimeError("env server did not print READY within 120 s")
 
 
-def _run_loadgen(port: int, clients: int, seconds: float, env_name: str) -> dict[str, Any]:
-  command = [sys.executable, "-m", "launch.benchmarks.env", "--port", str(port), "--clients", str(clients),
-             "--seconds", str(seconds), "--env", env_name]
-  done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120,
-                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
-  if done.returncode != 0:
-    raise RuntimeError(f"load generator failed: {done.stderr[-2000:]}")
-  return json.loads(done.stdout.strip().splitlines()[-1])
+def _cpu_seconds(pid: int | None) -> float | None:
+  """User + system CPU time of process `pid` (Linux /proc), or None where that is not available."""
+  if pid is None:
+    return None
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def _run_loadgen(port: int, clients: int, seconds: float, env_name: str, server_pid: int) -> dict[str, Any]:
+  args = ["--port", str(port), "--clients", str(clients), "--seconds", str(seconds), "--env", env_name,
+          "--server_pid", str(server_pid)]
+  return common.run_worker("launch.benchmarks.env", args, timeout=seconds + 120)
 
 
 def run(args: list[str]) -> dict[str, Any]:
@@ -168,24 +193,28 @@ def run(args: list[str]) -> dict[str, Any]:
   in_process = _in_process(options.env, options.seconds)
   server, port = _start_server(options.env)
   try:
-    http_1 = _run_loadgen(port, 1, options.seconds, options.env)
-    http_16 = _run_loadgen(port, 16, options.seconds, options.env)
+    http_1 = _run_loadgen(port, 1, options.seconds, options.env, server.pid)
+    http_16 = _run_loadgen(port, 16, options.seconds, options.env, server.pid)
   finally:
     server.terminate()
     server.wait(timeout=30)
 
-  print(f"env benchmark: {options.env}, {options.seconds:.0f} s per row, one server process, {os.cpu_count()} CPUs")
+  cpu = lambda value: "-" if value is None else f"{value:.2f}"
+  rows = [("in_process", "-", f"{in_process['steps_per_s']:.0f}", "-", "-", "-", "-")]
+  rows += [(name, clients, f"{row['steps_per_s']:.0f}", f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}",
+            cpu(row["server_cpu"]), cpu(row["loadgen_cpu"]))
+           for name, clients, row in (("http_1", 1, http_1), ("http_16", 16, http_16))]
+  common.print_table(f"env benchmark: {options.env}, {options.seconds:g} s per row, one server process, "
+                     f"{os.cpu_count()} CPUs (CPU columns: cores busy during the measured window)",
+                     ("mode", "clients", "steps/s", "p50 ms", "p99 ms", "server CPU", "loadgen CPU"), rows)
   print(f"load generator: {GENERATOR}")
-  print(f"{'mode':<12} {'clients':>7} {'steps/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
-  print(f"{'in_process':<12} {'-':>7} {in_process['steps_per_s']:>10.0f} {'-':>8} {'-':>8}")
-  for name, row, clients in (("http", http_1, 1), ("http", http_16, 16)):
-    print(f"{name:<12} {clients:>7} {row['steps_per_s']:>10.0f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f}")
-  print("reference (not run here): AgentGym's FastAPI TextCraft server, ~750 steps/s with 1 client")
+  print("for scale (not run here): AgentGym's FastAPI TextCraft server, ~750 steps/s with 1 client")
   return {"suite": "env", "ours": round(http_16["steps_per_s"], 1), "peer": None, "unit": "steps/s",
           "speedup": None, "env": options.env, "generator": GENERATOR,
           "in_process": round(in_process["steps_per_s"], 1), "http_1": round(http_1["steps_per_s"], 1),
           "http_16": round(http_16["steps_per_s"], 1), "http_1_p50_ms": round(http_1["p50_ms"], 3),
-          "http_16_p50_ms": round(http_16["p50_ms"], 3), "http_16_p99_ms": round(http_16["p99_ms"], 3)}
+          "http_16_p50_ms": round(http_16["p50_ms"], 3), "http_16_p99_ms": round(http_16["p99_ms"], 3),
+          "http_16_server_cpu": http_16["server_cpu"], "http_16_loadgen_cpu": http_16["loadgen_cpu"]}
 
 
 if __name__ == "__main__":

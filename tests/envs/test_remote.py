@@ -1,5 +1,7 @@
 """RemoteEnv against real servers: parity with local envs, restarts, divergence, several URLs."""
 
+import time
+
 import pytest
 
 from evolver import envs
@@ -110,3 +112,25 @@ def test_sessions_spread_over_urls_and_fail_over():
         _, _, _, info = remote.step(remote.expert_action())
       assert info["success"] and remote.url == b.url
     assert all(remote.recoveries >= 1 for remote in on_a)
+
+
+def test_a_hung_server_times_out_and_fails_the_episode():
+  original = envs.env_class("maze")
+
+  class Hangs(original):
+    def _act(self, text):
+      if "hang" in text:
+        time.sleep(0.4)  # longer than the client's timeout; blocks the whole server meanwhile
+      return super()._act(text)
+
+  with ServerThread(env_factory=Hangs) as server:
+    remote = RemoteEnv(server.url, timeout_s=0.1, max_retries=3, backoff_s=0.05)
+    remote.reset(0)
+    start = time.monotonic()
+    observation, reward, done, info = remote.step("Action: hang")
+    assert done and not info["success"] and "error" in info
+    assert time.monotonic() - start < 15
+    remote.reset(1)  # the server is fine for requests that do not hang
+    while not remote.done:
+      _, _, _, info = remote.step(remote.expert_action())
+    assert info["success"]

@@ -1,7 +1,6 @@
 """The env HTTP server over real loopback HTTP: protocol, concurrency, bad requests, limits."""
 
 import concurrent.futures
-import json
 import socket
 import time
 
@@ -192,6 +191,20 @@ def test_env_failure_is_a_422_not_a_500():
     assert request(server.port, "GET", "/health")[0] == 200
 
 
-def test_serve_env_binds_loopback_and_reports_the_port(maze_server):
+def test_serve_env_binds_loopback_by_default_and_reports_the_port(maze_server):
   assert maze_server.url.startswith("http://127.0.0.1:") and maze_server.port > 0
-  assert json.loads(json.dumps(request(maze_server.port, "GET", "/health")[1]))["env"] == "maze"
+  listening = [conn for conn in _tcp_listeners() if conn[1] == maze_server.port]
+  assert listening and all(address == "127.0.0.1" for address, _ in listening)
+
+
+def _tcp_listeners() -> list[tuple[str, int]]:
+  """(address, port) of the IPv4 TCP sockets in LISTEN state, from /proc/net/tcp."""
+  listeners = []
+  with open("/proc/net/tcp") as f:
+    for line in f.readlines()[1:]:
+      local, state = line.split()[1], line.split()[3]
+      if state == "0A":
+        host_hex, port_hex = local.split(":")
+        address = ".".join(str(int(host_hex[i:i + 2], 16)) for i in (6, 4, 2, 0))
+        listeners.append((address, int(port_hex, 16)))
+  return listeners
