@@ -128,8 +128,8 @@ Actions:
 - go to <object>: walk until the object you see is right in front of you, e.g. go to blue key
 
 Example:
-Thought: The red ball is 2 ahead and 1 right, so I turn right to face its column.
-Action: turn right"""
+Thought: The red ball I must pick up is 2 ahead; one step forward puts it right in front of me.
+Action: move forward"""
 
 
 class BabyAIEnv(base.TextEnv):
@@ -144,6 +144,7 @@ class BabyAIEnv(base.TextEnv):
     self._bot: BabyAIBot | None = None
     self._suggestion: int | None = None
     self._mission = ""
+    self._seen: list | None = None  # _visible_objects() of the current state; computing it is the slow part
 
   def instruction(self) -> str:
     return _INSTRUCTION
@@ -161,6 +162,7 @@ class BabyAIEnv(base.TextEnv):
       self._worlds[level] = gym.make(level)
     self._world = self._worlds[level]
     _quiet_reset(self._world, seed)
+    self._seen = None
     self._mission = self._world.unwrapped.mission
     self._bot = BabyAIBot(self._world.unwrapped)
     self._suggestion = self._replan(None)
@@ -170,6 +172,8 @@ class BabyAIEnv(base.TextEnv):
 
   def _visible_objects(self) -> list[tuple[int, str, int, int, tuple[int, int]]]:
     """(distance, name, ahead, right, world position) of each visible non-wall object, nearest first."""
+    if self._seen is not None:
+      return self._seen
     world = self._world.unwrapped
     grid, visible = world.gen_obs_grid()
     view = world.agent_view_size
@@ -185,6 +189,7 @@ class BabyAIEnv(base.TextEnv):
         position = tuple(int(v) for v in world.agent_pos + ahead * world.dir_vec + right * world.right_vec)
         seen.append((ahead + abs(right), _object_name(cell), ahead, right, position))
     seen.sort()
+    self._seen = seen
     return seen
 
   def _describe(self) -> str:
@@ -217,6 +222,7 @@ class BabyAIEnv(base.TextEnv):
   def _primitive(self, action: int) -> tuple[bool, float]:
     """One minigrid step; returns (episode over, reward)."""
     _, reward, terminated, truncated, _ = self._world.step(action)
+    self._seen = None
     self._suggestion = self._replan(action)
     return terminated or truncated, float(reward)
 

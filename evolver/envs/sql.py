@@ -33,6 +33,7 @@ QUERY_TIME_LIMIT_S = 0.25
 _MAX_ROWS = 200  # more rows than this never match a gold answer
 _SHOWN_ROWS = 5
 _DBS_PER_SCHEMA = 5
+_EVAL_EVERY = 5  # about one task in five goes to eval
 
 # ----------------------------------------------------------------------------------------------------------
 # The generated databases.
@@ -402,13 +403,14 @@ _TEMPLATES: dict[str, tuple[_Template, ...]] = {
 
 def _has_unique_top(sandbox: Sandbox, gold_sql: str) -> bool:
   """Whether the row a `... ORDER BY x DESC LIMIT 1` query picks is the only one with the top value."""
-  select, rest = gold_sql.split(" FROM ", 1)
-  order_column = rest.split(" ORDER BY ")[1].split()[0]
-  top = sandbox.query(f"SELECT {order_column} FROM {rest.split(' ORDER BY ')[0]} ORDER BY {order_column} DESC LIMIT 2")
+  source, ordering = gold_sql.split(" FROM ", 1)[1].split(" ORDER BY ")
+  column = ordering.split()[0]
+  top = sandbox.query(f"SELECT {column} FROM {source} ORDER BY {column} DESC LIMIT 2")
   return len(top) < 2 or top[0] != top[1]
 
 
-def _enumerate_tasks() -> list[SqlTask]:
+@functools.cache
+def _enumerate_tasks() -> tuple[SqlTask, ...]:
   """Every (database, template, value) task with a non-empty answer, in a fixed order."""
   tasks = []
   for db in DATABASES:
@@ -425,7 +427,7 @@ def _enumerate_tasks() -> list[SqlTask]:
           continue
         tasks.append(SqlTask(db, question, gold_sql, thought))
     sandbox.close()
-  return tasks
+  return tuple(tasks)
 
 
 @functools.cache
@@ -435,9 +437,6 @@ def tasks_of(split: str) -> tuple[SqlTask, ...]:
   chosen = [t for t in _enumerate_tasks() if base.split_of(f"{t.db}|{t.question}", _EVAL_EVERY) == split]
   random.Random(f"sql:{split}").shuffle(chosen)
   return tuple(chosen)
-
-
-_EVAL_EVERY = 5
 
 
 def schema_text(db: str) -> str:

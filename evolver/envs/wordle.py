@@ -123,8 +123,8 @@ Thought: <your reasoning>
 Action: <your guess>
 
 Example, after "guess 1: p a n i c -> b b y b b":
-Thought: The word has an n, but not in the middle, and no p, a, i or c. "t o n e s" fits.
-Action: t o n e s"""
+Thought: The word has an n, but not in the middle, and no p, a, i or c. "l e m o n" fits.
+Action: l e m o n"""
 
 _GUESS_PATTERN = re.compile(r"[a-z]")
 
