@@ -296,6 +296,9 @@ class TextEnv:
       raise EpisodeNotStartedError(f"{self.name}: call reset(index, split) before sample_action()")
     return react_turn("I try something.", self._sample_action(rng))
 
+  def close(self) -> None:
+    """Releases what the env holds (files, connections); the server calls it when a session ends."""
+
   def task_key(self, index: int, split: str) -> str:
     """A canonical description of task `index` of `split`; two tasks are the same task iff their keys are."""
     check_index(index, split, self.num_tasks(split))

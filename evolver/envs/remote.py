@@ -23,7 +23,6 @@ import http.client
 import itertools
 import json
 import random
-import socket
 import threading
 import time
 from typing import Any
@@ -31,7 +30,7 @@ from urllib.parse import urlsplit
 
 from evolver.envs import adapters, base
 
-_RETRYABLE = (ConnectionError, socket.timeout, TimeoutError, http.client.HTTPException, OSError)
+_RETRYABLE = (OSError, http.client.HTTPException)  # refused, reset, timed out, or a garbled answer
 _MAX_RECOVERIES = 3  # fresh sessions tried for one call before the episode is given up
 
 
@@ -92,11 +91,15 @@ def _next_start(urls: tuple[str, ...]) -> int:
 
 
 class ReplayDivergedError(RuntimeError):
-  pass
+  """Replaying the episode on a fresh session gave other observations: the server's env changed."""
 
 
 class RemoteEnv:
-  """An Env served over HTTP (see the module docstring). Not thread-safe: one per rollout worker/episode."""
+  """An Env served over HTTP (see the module docstring).
+
+  Not thread-safe: use one per rollout worker. `close()` (or `with RemoteEnv(...) as env:`) ends the server
+  session; a forgotten one is reaped by the server once idle.
+  """
 
   def __init__(self, urls: str | list[str], env_name: str | None = None, *, server: str = "evolver",
                task_ranges: dict[str, tuple[int, int]] | None = None, timeout_s: float = 60.0,

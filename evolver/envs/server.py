@@ -112,7 +112,7 @@ class EnvService:
       elif body.strip():
         try:
           arguments = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as error:
+        except (ValueError, RecursionError) as error:
           raise HttpError(400, f"body is not valid JSON: {error}") from None
         if not isinstance(arguments, dict):
           raise HttpError(400, "body must be a JSON object")
@@ -158,7 +158,7 @@ class EnvService:
 
   def _drop(self, session_id: int) -> None:
     session = self._sessions.pop(session_id, None)
-    if session is not None and hasattr(session.env, "close"):
+    if session is not None:
       session.env.close()
 
   def close_all(self) -> None:
@@ -236,7 +236,6 @@ class _HttpProtocol(asyncio.Protocol):
     self._transport: asyncio.Transport | None = None
     self._sent_continue = False
     self._discard = 0  # bytes of a refused body still to swallow before closing
-
 
   def connection_made(self, transport: asyncio.BaseTransport) -> None:
     self._transport = transport

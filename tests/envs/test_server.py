@@ -73,6 +73,8 @@ def _bad_requests(session: int, closed: int) -> list[tuple[str, str, object, dic
       ("POST", "/step", "[1, 2]", {}),
       ("POST", "/step", '"text"', {}),
       ("POST", "/step", b"\xff\xfe", {}),
+      ("POST", "/step", "[" * 100_000, {}),  # nesting deeper than the JSON decoder recurses
+      ("POST", "/reset", '{"id": 1e400, "data_idx": 1}', {}),
       ("POST", "/step", {"action": "move up"}, {}),  # missing id
       ("POST", "/step", {"id": session}, {}),  # missing action
       ("POST", "/step", {"id": str(session), "action": "move up"}, {}),
