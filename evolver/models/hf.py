@@ -145,6 +145,22 @@ def _safetensors_files(path: str) -> list[str]:
   raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
+def _fuse_qkv(q, k, v, hkv: int, hd: int):
+  """q `[..., H*hd]`, k and v `[..., Hkv*hd]` (last axis = output features) -> `[..., Hkv, G + 2, hd]`."""
+  lead = q.shape[:-1]
+  q = q.reshape(*lead, hkv, -1, hd)
+  k = k.reshape(*lead, hkv, 1, hd)
+  v = v.reshape(*lead, hkv, 1, hd)
+  return jnp.concatenate([q, k, v], axis=-2)
+
+
+def _split_qkv(qkv, g: int):
+  """Inverse of `_fuse_qkv`: `[..., Hkv, G + 2, hd]` -> q `[..., H*hd]`, k, v `[..., Hkv*hd]`."""
+  lead = qkv.shape[:-3]
+  flat = lambda x: x.reshape(*lead, -1)
+  return flat(qkv[..., :g, :]), flat(qkv[..., g, :]), flat(qkv[..., g + 1, :])
+
+
 def _to_model_layout(tensors: Mapping[str, jax.Array], config: ModelConfig) -> dict[str, Any]:
   """transformers names/layout -> a nested dict matching the Decoder's nnx.State."""
   d, hd = config.hidden_size, config.resolved_head_dim
@@ -157,15 +173,13 @@ def _to_model_layout(tensors: Mapping[str, jax.Array], config: ModelConfig) -> d
   for i in range(config.num_layers):
     p = f"model.layers.{i}."
     attn = {
-        "q": t[p + "self_attn.q_proj.weight"].T.reshape(d, h, hd),
-        "k": t[p + "self_attn.k_proj.weight"].T.reshape(d, hkv, hd),
-        "v": t[p + "self_attn.v_proj.weight"].T.reshape(d, hkv, hd),
+        "qkv": _fuse_qkv(t[p + "self_attn.q_proj.weight"].T, t[p + "self_attn.k_proj.weight"].T,
+                         t[p + "self_attn.v_proj.weight"].T, hkv, hd),
         "o": t[p + "self_attn.o_proj.weight"].T.reshape(h, hd, d),
     }
     if config.qkv_bias:
-      attn.update(q_bias=t[p + "self_attn.q_proj.bias"].reshape(h, hd),
-                  k_bias=t[p + "self_attn.k_proj.bias"].reshape(hkv, hd),
-                  v_bias=t[p + "self_attn.v_proj.bias"].reshape(hkv, hd))
+      attn["qkv_bias"] = _fuse_qkv(t[p + "self_attn.q_proj.bias"], t[p + "self_attn.k_proj.bias"],
+                                   t[p + "self_attn.v_proj.bias"], hkv, hd)
     if config.o_bias:
       attn["o_bias"] = t[p + "self_attn.o_proj.bias"]
     mlp = {"gate_up": jnp.stack([t[p + "mlp.gate_proj.weight"].T, t[p + "mlp.up_proj.weight"].T], axis=1),
@@ -191,20 +205,18 @@ def _from_model_layout(model: Decoder) -> dict[str, jax.Array]:
   for i, layer in enumerate(model.layers):
     p = f"model.layers.{i}."
     a, m = layer.attn, layer.mlp
+    q, k, v = _split_qkv(val(a.qkv), config.num_groups)
     out.update({
         p + "input_layernorm.weight": val(layer.attn_norm.scale),
         p + "post_attention_layernorm.weight": val(layer.mlp_norm.scale),
-        p + "self_attn.q_proj.weight": val(a.q).reshape(d, h * hd).T,
-        p + "self_attn.k_proj.weight": val(a.k).reshape(d, hkv * hd).T,
-        p + "self_attn.v_proj.weight": val(a.v).reshape(d, hkv * hd).T,
+        p + "self_attn.q_proj.weight": q.T, p + "self_attn.k_proj.weight": k.T, p + "self_attn.v_proj.weight": v.T,
         p + "self_attn.o_proj.weight": val(a.o).reshape(h * hd, d).T,
         p + "mlp.gate_proj.weight": val(m.gate_up)[:, 0].T, p + "mlp.up_proj.weight": val(m.gate_up)[:, 1].T,
         p + "mlp.down_proj.weight": val(m.down).T,
     })
     if config.qkv_bias:
-      out.update({p + "self_attn.q_proj.bias": val(a.q_bias).reshape(-1),
-                  p + "self_attn.k_proj.bias": val(a.k_bias).reshape(-1),
-                  p + "self_attn.v_proj.bias": val(a.v_bias).reshape(-1)})
+      qb, kb, vb = _split_qkv(val(a.qkv_bias), config.num_groups)
+      out.update({p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb, p + "self_attn.v_proj.bias": vb})
     if config.o_bias:
       out[p + "self_attn.o_proj.bias"] = val(a.o_bias)
     if config.mlp_bias:

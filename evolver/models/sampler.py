@@ -1,0 +1,308 @@
+"""Batched, jitted KV-cache generation: prefill, then a `lax.while_loop` of single-token decode steps.
+
+Design, for speed on every backend:
+- One write index for the whole batch: prompts and every later chunk are left-padded, so a chunk lands at the
+  same slots in every row and a decode step is one `dynamic_update_slice`. Padding leaves holes in the cache
+  that the `valid` mask hides; RoPE positions count real tokens only, so holes change nothing numerically.
+- The cache grows in buckets of `cache_bucket` slots: a decode step attends over the current capacity, not the
+  maximum length, and only a handful of programs compile (one per batch bucket x capacity).
+- A `Session` keeps the cache between calls. Every row's last sampled token is *pending* (sampled, not yet in
+  the cache); the next call prepends it to that row's new tokens, so a second turn costs only its new tokens.
+- Log-probabilities are those of the sampled token under the model's raw distribution (temperature 1, no
+  top-k/top-p), which is what training recomputes.
+"""
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from evolver.models.decoder import Decoder, KVCache, check_token_ids, grow_cache, init_cache
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """temperature 0 = greedy. top_k 0 and top_p 1.0 disable those filters. stop_ids end a row (the stop token
+  is kept in the output); `max_new_tokens` bounds every row."""
+
+  max_new_tokens: int = 128
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  stop_ids: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _LoopState:
+  cache: KVCache
+  last_token: jax.Array   # [B] int32: each row's pending token
+  done: jax.Array         # [B] bool
+  tokens: jax.Array       # [B, N] int32, -1 after a row stops
+  logprobs: jax.Array     # [B, N] float32, 0 after a row stops
+  step: jax.Array         # [] int32: columns filled
+  rng: jax.Array
+
+
+@dataclasses.dataclass
+class Session:
+  """A batch of conversations held in the cache. Rows past `num_rows` are batch padding."""
+
+  cache: KVCache
+  pending: jax.Array  # [B_padded] int32
+  num_rows: int
+
+  @property
+  def length(self) -> int:
+    """Slots used (including holes); the next chunk starts here."""
+    return int(self.cache.end)
+
+
+@dataclasses.dataclass
+class Generation:
+  """Per-row outputs of one `generate` call (real rows only)."""
+
+  tokens: list[list[int]]        # sampled ids, stop token included
+  logprobs: list[np.ndarray]     # float32, one per sampled token
+  stopped: np.ndarray            # [num_rows] bool: ended on a stop id (else hit max_new_tokens)
+  session: Session
+
+
+MAX_STOP_IDS = 8
+
+
+def filter_logits(logits: jax.Array, temperature, top_k: int, top_p) -> jax.Array:
+  """Temperature, then top-k, then nucleus filtering. logits `[B, V]` float32. `top_k` is static (0 = off);
+  temperature and top_p may be traced (top_p >= 1 keeps everything)."""
+  logits = logits / temperature
+  if top_k:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  if top_p is not None:
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each candidate
+    keep = before < top_p
+    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, -jnp.inf, logits)
+  return logits
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  """What changes the compiled program; everything else in SamplingParams is a traced value."""
+
+  greedy: bool
+  top_k: int
+  nucleus: bool
+  buffer_len: int  # output columns, max_new_tokens rounded up so nearby lengths share a program
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _Knobs:
+  temperature: jax.Array  # [] float32
+  top_p: jax.Array        # [] float32
+  stop_ids: jax.Array     # [MAX_STOP_IDS] int32, -1 = unused
+  max_new: jax.Array      # [] int32
+
+
+def _split_params(params: SamplingParams) -> tuple[_Static, _Knobs]:
+  if len(params.stop_ids) > MAX_STOP_IDS:
+    raise ValueError(f"at most {MAX_STOP_IDS} stop ids, got {len(params.stop_ids)}")
+  stops = np.full((MAX_STOP_IDS,), -1, np.int32)
+  stops[:len(params.stop_ids)] = params.stop_ids
+  static = _Static(greedy=params.temperature == 0.0, top_k=params.top_k, nucleus=params.top_p < 1.0,
+                   buffer_len=_round_up(params.max_new_tokens, 32))
+  knobs = _Knobs(temperature=jnp.float32(max(params.temperature, 1e-6)), top_p=jnp.float32(params.top_p),
+                 stop_ids=jnp.asarray(stops), max_new=jnp.int32(params.max_new_tokens))
+  return static, knobs
+
+
+def sample_tokens(logits: jax.Array, rng: jax.Array, static: _Static, knobs: _Knobs) -> tuple[jax.Array, jax.Array]:
+  """Draws one token per row. Returns (tokens [B] int32, logprobs [B] float32 under the raw distribution)."""
+  logits = logits.astype(jnp.float32)
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  if static.greedy:
+    # First index of the maximum, as argmax; two plain reductions run faster on CPU than argmax's
+    # variadic (value, index) reduce.
+    iota = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+    tokens = jnp.min(jnp.where(logits == top, iota, logits.shape[-1]), axis=-1)
+  else:
+    filtered = filter_logits(logits, knobs.temperature, static.top_k, knobs.top_p if static.nucleus else None)
+    tokens = jax.random.categorical(rng, filtered, axis=-1).astype(jnp.int32)
+  log_normalizer = top[:, 0] + jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1))
+  logprobs = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - log_normalizer
+  return tokens, logprobs
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return max(multiple, -(-n // multiple) * multiple)
+
+
+def _batch_bucket(n: int) -> int:
+  return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+class Sampler:
+  """Generation with a KV cache kept across calls.
+
+  sampler = Sampler(model)
+  out = sampler.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=16, temperature=0.0))
+  out2 = sampler.generate([[6, 7], [8]], params, session=out.session)   # next turn, only new tokens prefilled
+  """
+
+  def __init__(self, model: Decoder, *, cache_bucket: int = 64, chunk_bucket: int = 16,
+               max_length: int | None = None):
+    self.graphdef, self.params = nnx.split(model)
+    self.config = model.config
+    self.cache_bucket = cache_bucket
+    self.chunk_bucket = chunk_bucket
+    self.max_length = max_length or model.config.max_position_embeddings
+    self._prefill = jax.jit(self._prefill_impl, static_argnames=("static",), donate_argnums=(1,))
+    self._decode = jax.jit(self._decode_impl, static_argnames=("static",), donate_argnums=(1,))
+    self._grow = jax.jit(grow_cache, static_argnums=(1,))
+    self._select = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x if x.ndim == 0 else x[idx], tree))
+
+  def update_params(self, params: nnx.State) -> None:
+    """Swaps in new weights (same structure), e.g. after a train step."""
+    self.params = params
+
+  # -- jitted pieces ------------------------------------------------------------------------------------
+
+  def _prefill_impl(self, params, cache, chunk, chunk_valid, row_live, rng, knobs: _Knobs, static: _Static):
+    model = nnx.merge(self.graphdef, params)
+    logits, cache = model.forward_chunk(chunk, chunk_valid, cache)
+    rng, sub = jax.random.split(rng)
+    token, logprob = sample_tokens(logits, sub, static, knobs)
+    b = chunk.shape[0]
+    done = ~row_live
+    tokens = jnp.full((b, static.buffer_len), -1, jnp.int32).at[:, 0].set(jnp.where(done, -1, token))
+    logprobs = jnp.zeros((b, static.buffer_len), jnp.float32).at[:, 0].set(jnp.where(done, 0.0, logprob))
+    done = done | jnp.isin(token, knobs.stop_ids)
+    return _LoopState(cache=cache, last_token=token, done=done, tokens=tokens, logprobs=logprobs,
+                      step=jnp.ones((), jnp.int32), rng=rng)
+
+  def _decode_impl(self, params, state: _LoopState, knobs: _Knobs, static: _Static):
+    model = nnx.merge(self.graphdef, params)
+    capacity = state.cache.capacity
+
+    def cond(s: _LoopState):
+      return (s.step < knobs.max_new) & ~jnp.all(s.done) & (s.cache.end < capacity)
+
+    def body(s: _LoopState):
+      live = ~s.done
+      logits, cache = model.forward_chunk(s.last_token[:, None], live[:, None], s.cache)
+      rng, sub = jax.random.split(s.rng)
+      token, logprob = sample_tokens(logits, sub, static, knobs)
+      tokens = jax.lax.dynamic_update_slice(s.tokens, jnp.where(live, token, -1)[:, None], (0, s.step))
+      logprobs = jax.lax.dynamic_update_slice(s.logprobs, jnp.where(live, logprob, 0.0)[:, None], (0, s.step))
+      done = s.done | (live & jnp.isin(token, knobs.stop_ids))
+      return _LoopState(cache=cache, last_token=jnp.where(live, token, s.last_token), done=done, tokens=tokens,
+                        logprobs=logprobs, step=s.step + 1, rng=rng)
+
+    return jax.lax.while_loop(cond, body, state)
+
+  # -- host side -----------------------------------------------------------------------------------------
+
+  def _capacity_for(self, length: int) -> int:
+    return _round_up(length, self.cache_bucket)
+
+  def generate(self, new_tokens: Sequence[Sequence[int]], sampling: SamplingParams, *, seed: int | jax.Array = 0,
+               session: Session | None = None) -> Generation:
+    """Appends `new_tokens[i]` to row i (after its pending token, if `session`) and samples a continuation.
+
+    new_tokens: one list of ids per row (a fresh prompt, or the next turn's tokens). Returns per-row tokens and
+    logprobs, and the session to continue from.
+    """
+    rows = len(new_tokens)
+    if rows == 0:
+      raise ValueError("generate needs at least one row")
+    if session is not None and rows != session.num_rows:
+      raise ValueError(f"got {rows} rows of new tokens for a session of {session.num_rows} rows")
+    for i, seq in enumerate(new_tokens):
+      check_token_ids(np.asarray(seq, np.int64).reshape(-1), self.config.vocab_size)
+      if session is None and len(seq) == 0:
+        raise ValueError(f"row {i} has an empty prompt")
+    batch = _batch_bucket(rows) if session is None else session.cache.batch_size
+    pending = None if session is None else np.asarray(session.pending)
+    chunks = [([int(pending[i])] if pending is not None else []) + [int(t) for t in seq]
+              for i, seq in enumerate(new_tokens)]
+    longest = max(len(c) for c in chunks)
+    chunk_len = _round_up(longest, self.chunk_bucket)
+    chunk = np.zeros((batch, chunk_len), np.int32)
+    chunk_valid = np.zeros((batch, chunk_len), bool)
+    for i, c in enumerate(chunks):
+      if c:
+        chunk[i, chunk_len - len(c):] = c
+        chunk_valid[i, chunk_len - len(c):] = True
+    row_live = np.arange(batch) < rows
+
+    start = 0 if session is None else session.length
+    needed = start + chunk_len + 1
+    if needed > self.max_length:
+      raise ValueError(f"prompt does not fit the cache: {start} slots used + {chunk_len} new (padded) > max_length "
+                       f"{self.max_length}; shorten the conversation or raise max_length")
+    if session is None:
+      cache = init_cache(self.config, batch, self._capacity_for(needed))
+    else:
+      cache = session.cache
+      if needed > cache.capacity:
+        cache = self._grow(cache, self._capacity_for(needed))
+
+    rng = jax.random.PRNGKey(seed) if isinstance(seed, int) else seed
+    num_new = sampling.max_new_tokens
+    static, knobs = _split_params(sampling)
+    state = self._prefill(self.params, cache, jnp.asarray(chunk), jnp.asarray(chunk_valid), jnp.asarray(row_live),
+                          rng, knobs, static=static)
+    while True:
+      state = self._decode(self.params, state, knobs, static=static)
+      step, all_done = int(state.step), bool(jnp.all(state.done))
+      if step >= num_new or all_done:
+        break
+      capacity = state.cache.capacity + self.cache_bucket
+      if capacity > self.max_length:
+        break  # The context is full: rows end without a stop token.
+      state.cache = self._grow(state.cache, capacity)
+
+    tokens = np.asarray(state.tokens)[:rows, :num_new]
+    logprobs = np.asarray(state.logprobs)[:rows, :num_new]
+    lengths = (tokens >= 0).sum(axis=1)
+    stopped = np.zeros(rows, bool)
+    if sampling.stop_ids:
+      last = tokens[np.arange(rows), np.maximum(lengths - 1, 0)]
+      stopped = (lengths > 0) & np.isin(last, sampling.stop_ids)
+    return Generation(tokens=[tokens[i, :lengths[i]].tolist() for i in range(rows)],
+                      logprobs=[logprobs[i, :lengths[i]] for i in range(rows)], stopped=stopped,
+                      session=Session(cache=state.cache, pending=state.last_token, num_rows=rows))
+
+  def select(self, session: Session, rows: Sequence[int]) -> Session:
+    """Keeps only `rows` of a session (e.g. drop finished episodes), re-bucketing the batch."""
+    rows = list(rows)
+    if not rows:
+      raise ValueError("select needs at least one row")
+    if any(not 0 <= r < session.num_rows for r in rows):
+      raise IndexError(f"rows {rows} out of range for a session of {session.num_rows} rows")
+    batch = _batch_bucket(len(rows))
+    # Pad with a copy of the first kept row; padding rows are never live.
+    index = jnp.asarray(rows + [rows[0]] * (batch - len(rows)), jnp.int32)
+    cache, pending = self._select((session.cache, session.pending), index)
+    cache = cache._replace(end=session.cache.end)
+    return Session(cache=cache, pending=pending, num_rows=len(rows))

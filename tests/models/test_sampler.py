@@ -1,0 +1,168 @@
+"""The KV-cache sampler against full recomputation without a cache."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from evolver.models import ModelConfig, make_model
+from evolver.models.sampler import Sampler, SamplingParams, filter_logits
+
+CONFIG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                     max_position_embeddings=256)
+STOP = 5
+
+
+@pytest.fixture(scope="module")
+def model():
+  m = make_model(CONFIG, seed=0)
+  # A scaled (tied) embedding separates logits widely, so float noise cannot flip a greedy tie.
+  m.embed.set_value(m.embed.get_value() * 30.0)
+  return m
+
+
+@pytest.fixture(scope="module")
+def sampler(model):
+  return Sampler(model, cache_bucket=16, chunk_bucket=4, max_length=128)
+
+
+REF_LEN = 128
+
+
+@jax.jit
+def _padded_logprobs(graphdef_and_params, ids):
+  model = nnx.merge(*graphdef_and_params)
+  return jax.nn.log_softmax(model(ids)[0], axis=-1)
+
+
+def full_logprobs(model, seq: list[int]) -> np.ndarray:
+  """log-softmax `[T, V]` from a cache-free forward over the whole sequence (right-padded to one length so
+  one program serves every call; causal attention makes the padding invisible)."""
+  assert len(seq) <= REF_LEN
+  ids = np.zeros((1, REF_LEN), np.int32)
+  ids[0, :len(seq)] = seq
+  return np.asarray(_padded_logprobs(nnx.split(model), ids))[:len(seq)]
+
+
+def greedy_reference(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+  seq, logprobs = list(prompt), []
+  for _ in range(n):
+    lp = full_logprobs(model, seq)[-1]
+    token = int(np.argmax(lp))
+    seq.append(token)
+    logprobs.append(float(lp[token]))
+  return seq[len(prompt):], logprobs
+
+
+def assert_logprobs_match(model, history: list[int], tokens: list[int], logprobs: np.ndarray):
+  lp = full_logprobs(model, history + tokens)
+  expected = [lp[len(history) - 1 + i, t] for i, t in enumerate(tokens)]
+  np.testing.assert_allclose(logprobs, expected, atol=1e-4)
+
+
+PROMPTS = [[1, 2, 3, 4, 9], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17]]
+
+
+def test_greedy_equals_full_recomputation(model, sampler):
+  out = sampler.generate(PROMPTS, SamplingParams(max_new_tokens=20, temperature=0.0))
+  for prompt, tokens, logprobs in zip(PROMPTS, out.tokens, out.logprobs):
+    ref_tokens, ref_logprobs = greedy_reference(model, prompt, 20)
+    assert tokens == ref_tokens
+    np.testing.assert_allclose(logprobs, ref_logprobs, atol=1e-4)
+
+
+def test_ragged_batch_rows_equal_rows_alone(sampler):
+  params = SamplingParams(max_new_tokens=12, temperature=0.0)
+  together = sampler.generate(PROMPTS, params)
+  for i, prompt in enumerate(PROMPTS):
+    alone = sampler.generate([prompt], params)
+    assert alone.tokens[0] == together.tokens[i]
+    np.testing.assert_allclose(alone.logprobs[0], together.logprobs[i], atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 8, 1.0), (1.3, 0, 0.9)])
+def test_sampled_logprobs_are_raw_distribution(model, sampler, temperature, top_k, top_p):
+  params = SamplingParams(max_new_tokens=16, temperature=temperature, top_k=top_k, top_p=top_p)
+  out = sampler.generate(PROMPTS, params, seed=3)
+  for prompt, tokens, logprobs in zip(PROMPTS, out.tokens, out.logprobs):
+    assert len(tokens) == 16
+    assert_logprobs_match(model, prompt, tokens, logprobs)
+
+
+def test_fixed_seed_reproduces_and_seeds_differ(sampler):
+  params = SamplingParams(max_new_tokens=16, temperature=1.5)
+  a = sampler.generate(PROMPTS, params, seed=11)
+  b = sampler.generate(PROMPTS, params, seed=11)
+  c = sampler.generate(PROMPTS, params, seed=12)
+  assert a.tokens == b.tokens
+  assert a.tokens != c.tokens
+
+
+def test_top_k_restricts_support():
+  logits = jnp.asarray([[0.0, 3.0, 1.0, 2.0, -1.0]])
+  filtered = np.asarray(filter_logits(logits, 1.0, 2, None))
+  assert np.isfinite(filtered).tolist() == [[False, True, False, True, False]]
+  # top_p: probabilities ~[.03, .64, .09, .24, .01]; 0.7 keeps the top two (mass above the second is 0.64 < 0.7).
+  filtered = np.asarray(filter_logits(logits, 1.0, 0, 0.7))
+  assert np.isfinite(filtered).tolist() == [[False, True, False, True, False]]
+  filtered = np.asarray(filter_logits(logits, 1.0, 0, 0.5))
+  assert np.isfinite(filtered).tolist() == [[False, True, False, False, False]]
+
+
+def test_stop_tokens_end_rows_and_are_kept(model, sampler):
+  # Find the greedy continuation of one prompt, then make its 4th token a stop token.
+  free = sampler.generate([PROMPTS[0]], SamplingParams(max_new_tokens=10, temperature=0.0))
+  stop = free.tokens[0][3]
+  cut = free.tokens[0].index(stop) + 1
+  out = sampler.generate(PROMPTS, SamplingParams(max_new_tokens=10, temperature=0.0, stop_ids=(stop,)))
+  assert out.tokens[0] == free.tokens[0][:cut]
+  assert out.stopped[0]
+  for tokens, stopped in zip(out.tokens[1:], out.stopped[1:]):
+    assert stopped == (stop in tokens)
+    if stop in tokens:
+      assert tokens.index(stop) == len(tokens) - 1
+
+
+def test_cache_continuation_equals_fresh_prefill(model, sampler):
+  params = SamplingParams(max_new_tokens=9, temperature=0.0, stop_ids=(STOP,))
+  first = sampler.generate(PROMPTS, params)
+  turn2 = [[20, 21, 22], [23], [24, 25, 26, 27, 28, 29, 30]]
+  second = sampler.generate(turn2, params, session=first.session)
+  for i, prompt in enumerate(PROMPTS):
+    history = prompt + first.tokens[i] + turn2[i]
+    fresh = sampler.generate([history], params)
+    assert second.tokens[i] == fresh.tokens[0]
+    np.testing.assert_allclose(second.logprobs[i], fresh.logprobs[0], atol=1e-4)
+    assert_logprobs_match(model, history, second.tokens[i], second.logprobs[i])
+  # A third turn after dropping the middle row (a finished episode leaves the batch).
+  kept = sampler.select(second.session, [0, 2])
+  turn3 = [[31, 32], [33]]
+  third = sampler.generate(turn3, params, session=kept)
+  for j, i in enumerate([0, 2]):
+    history = PROMPTS[i] + first.tokens[i] + turn2[i] + second.tokens[i] + turn3[j]
+    ref_tokens, _ = greedy_reference(model, history, len(third.tokens[j]))
+    assert third.tokens[j] == ref_tokens
+    assert_logprobs_match(model, history, third.tokens[j], third.logprobs[j])
+
+
+def test_cache_grows_past_several_buckets(model, sampler):
+  out = sampler.generate([PROMPTS[1]], SamplingParams(max_new_tokens=50, temperature=0.0))
+  ref_tokens, ref_logprobs = greedy_reference(model, PROMPTS[1], 50)
+  assert out.tokens[0] == ref_tokens
+  np.testing.assert_allclose(out.logprobs[0], ref_logprobs, atol=1e-4)
+  assert out.session.cache.capacity >= 52
+
+
+def test_bad_inputs_raise_clear_errors(sampler):
+  with pytest.raises(ValueError, match="prompt does not fit the cache"):
+    sampler.generate([list(range(1, 60)) * 3], SamplingParams(max_new_tokens=4))
+  with pytest.raises(ValueError, match=r"token ids out of the vocabulary \[0, 64\): \[64\]"):
+    sampler.generate([[1, 64]], SamplingParams(max_new_tokens=4))
+  with pytest.raises(ValueError, match="empty prompt"):
+    sampler.generate([[]], SamplingParams(max_new_tokens=4))
+  with pytest.raises(ValueError, match="top_p"):
+    SamplingParams(top_p=0.0)
+  first = sampler.generate([[1, 2]], SamplingParams(max_new_tokens=2, temperature=0.0))
+  with pytest.raises(ValueError, match="rows of new tokens for a session of 1 rows"):
+    sampler.generate([[1], [2]], SamplingParams(max_new_tokens=2), session=first.session)
