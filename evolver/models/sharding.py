@@ -136,3 +136,14 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
   if mesh is None or mesh.size == 1:
     return x
   return jax.lax.with_sharding_constraint(x, named_sharding(mesh, logical_axes, x.shape, _ACTIVE.rules))
+
+
+def place(state: nnx.State, mesh: Mesh, rules=None) -> tuple[nnx.State, nnx.State]:
+  """Puts every variable of `state` on `mesh` by its logical axes. Returns (placed state, shardings)."""
+  shardings = state_shardings(state, mesh, rules)
+  return jax.device_put(state, shardings), shardings
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+  """Batch-major arrays `[B, ...]`: B over (data, fsdp), the rest replicated."""
+  return named_sharding(mesh, ("batch",) + (None,) * (ndim - 1))
