@@ -14,8 +14,12 @@ source .venv/bin/activate
 STAMP=".venv/.evolver-install-$(cat setup.py launch/setup_venv.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ]; then
   echo "[setup] installing evolver and its dependencies into .venv (once)"
-  python -m pip install -q --upgrade pip setuptools wheel
-  python -m pip install -q -e ".[test]"
+  LOG=".venv/install.log"
+  if ! { python -m pip install --upgrade pip setuptools wheel && python -m pip install -e ".[test]"; } >"$LOG" 2>&1; then
+    tail -n 40 "$LOG"
+    echo "[setup] install failed; the whole log is in $LOG" >&2
+    exit 1
+  fi
   rm -f .venv/.evolver-install-*
   touch "$STAMP"
 fi

@@ -1,0 +1,48 @@
+"""The shipped tiny tokenizer and the chat-template path that real tokenizers share."""
+
+import os
+
+import pytest
+
+import evolver.envs as envs
+from evolver.models import tokenizer as tokenizer_lib
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return tokenizer_lib.load_tokenizer()
+
+
+def test_shipped_tokenizer_is_small_and_has_chat_template(tok):
+  size = sum(os.path.getsize(os.path.join(tokenizer_lib.TINY_TOKENIZER_DIR, f))
+             for f in os.listdir(tokenizer_lib.TINY_TOKENIZER_DIR))
+  assert size < 400_000
+  assert tok.chat_template
+  assert tokenizer_lib.end_of_turn_ids(tok) == (tok.convert_tokens_to_ids(tokenizer_lib.TURN_END),)
+  assert tok.pad_token == tokenizer_lib.PAD_TOKEN
+
+
+def test_chat_template_renders_chatml(tok):
+  messages = [{"role": "user", "content": "Go."}, {"role": "assistant", "content": "Thought: ok\nAction: move up"}]
+  text = tokenizer_lib.render_chat(tok, messages, add_generation_prompt=False)
+  assert text == ("<|im_start|>user\nGo.<|im_end|>\n<|im_start|>assistant\nThought: ok\nAction: move up<|im_end|>\n")
+  prompt = tokenizer_lib.render_chat(tok, messages[:1], add_generation_prompt=True)
+  assert prompt.endswith("<|im_end|>\n<|im_start|>assistant\n")
+  ids = tok(text, add_special_tokens=False)["input_ids"]
+  assert ids.count(tok.convert_tokens_to_ids("<|im_end|>")) == 2
+  assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("name", envs.names())
+def test_env_text_round_trips_compactly(tok, name):
+  env = envs.make(name)
+  texts = [env.instruction(), env.reset(0, "train"), env.expert_action()]
+  for text in texts:
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text
+    assert len(ids) < 0.5 * len(text)  # trained on this text: well under one token per two characters
+
+
+def test_missing_tokenizer_directory_is_clear(tmp_path):
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    tokenizer_lib.load_tokenizer(str(tmp_path / "nope"))
