@@ -1,0 +1,1 @@
+"""Trajectory data: types, AgentTraj JSON, TFDS builders, tokenization with masks, batching."""
