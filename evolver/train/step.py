@@ -1,0 +1,125 @@
+"""The jitted, sharded train step: microbatched gradient accumulation, optax update, state donated.
+
+A `LossFn` maps (model, batch, normalizer) to (loss, metrics). `loss` must be a sum over the microbatch's
+tokens divided by `normalizer` (the whole batch's token count), so summed microbatch gradients equal the
+full-batch gradient exactly (token-mean under accumulation).
+"""
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from evolver.models import sharding
+from evolver.models.decoder import Decoder
+from evolver.rl import losses
+from evolver.train.state import TrainState
+
+Batch = Mapping[str, jax.Array]
+LossFn = Callable[[Decoder, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def sft_loss_fn(model: Decoder, batch: Batch, normalizer: jax.Array) -> tuple[jax.Array, dict]:
+  """Token-mean NLL on `loss_mask`, reward-weighted by `weights` `[B]` when the batch has them."""
+  logits = model(batch["input_ids"])
+  logp = losses.target_logprobs(logits, batch["input_ids"])
+  if "weights" in batch:
+    return losses.weighted_sft_loss(logp, batch["loss_mask"], batch["weights"], normalizer=normalizer)
+  return losses.sft_loss(logp, batch["loss_mask"], normalizer=normalizer)
+
+
+def _split_microbatches(batch: Batch, num_microbatches: int) -> Batch:
+  def split(x):
+    if x.shape[0] % num_microbatches:
+      raise ValueError(f"batch size {x.shape[0]} is not divisible by num_microbatches={num_microbatches}")
+    return x.reshape(num_microbatches, x.shape[0] // num_microbatches, *x.shape[1:])
+  return jax.tree.map(split, dict(batch))
+
+
+def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef, loss_fn: LossFn,
+               optimizer: optax.GradientTransformation, num_microbatches: int = 1,
+               normalizer_key: str = "loss_mask") -> tuple[TrainState, dict[str, jax.Array]]:
+  """One update. batch: dict of `[B, ...]` arrays; the normalizer is sum(batch[normalizer_key])."""
+  normalizer = jnp.maximum(jnp.sum(batch[normalizer_key].astype(jnp.float32)), 1.0)
+
+  def micro_loss(params, micro):
+    return loss_fn(nnx.merge(graphdef, params), micro, normalizer)
+
+  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+  if num_microbatches == 1:
+    (loss, metrics), grads = grad_fn(state.params, batch)
+  else:
+    micro = _split_microbatches(batch, num_microbatches)
+
+    def accumulate(carry, mb):
+      (loss_i, metrics_i), grads_i = grad_fn(state.params, mb)
+      grads_acc, loss_acc, metrics_acc = carry
+      return (jax.tree.map(jnp.add, grads_acc, grads_i), loss_acc + loss_i,
+              jax.tree.map(jnp.add, metrics_acc, metrics_i)), None
+
+    zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+    first = jax.tree.map(lambda x: x[0], micro)
+    _, metric_shapes = jax.eval_shape(micro_loss, state.params, first)
+    zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
+    (grads, loss, metrics), _ = jax.lax.scan(accumulate, (zero_grads, jnp.zeros((), jnp.float32), zero_metrics),
+                                             micro)
+    # Metrics that are means per microbatch become means over microbatches; counts stay sums.
+    metrics = {k: (v if k.startswith("num_") else v / num_microbatches) for k, v in metrics.items()}
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(params))
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                            rng=jax.random.fold_in(state.rng, state.step))
+  return new_state, metrics
+
+
+def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
+  """Shardings for a TrainState: parameters by their logical axes; each optimizer leaf whose tree path ends
+  with a parameter's path and has its shape (Adam's moments) shards like that parameter; the rest replicate."""
+  param_shardings = sharding.state_shardings(state.params, mesh)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  by_path = {}
+  for sh, (path, value) in zip(jax.tree.leaves(param_shardings), jax.tree_util.tree_leaves_with_path(state.params)):
+    by_path[tuple(str(k) for k in path)] = (sh, tuple(value.shape))
+
+  def for_leaf(path, leaf):
+    keys = tuple(str(k) for k in path)
+    for start in range(len(keys)):
+      match = by_path.get(keys[start:])
+      if match is not None and match[1] == tuple(getattr(leaf, "shape", ())):
+        return match[0]
+    return replicated
+
+  opt = jax.tree_util.tree_map_with_path(for_leaf, state.opt_state)
+  return TrainState(step=replicated, params=param_shardings, opt_state=opt, rng=replicated)
+
+
+def jit_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn, optimizer: optax.GradientTransformation,
+                   mesh: Mesh, state_sharding: TrainState, *, num_microbatches: int = 1,
+                   normalizer_key: str = "loss_mask") -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+  """`train_step` jitted once with explicit in/out shardings over `mesh` and the state donated."""
+  step = functools.partial(train_step, graphdef=graphdef, loss_fn=loss_fn, optimizer=optimizer,
+                           num_microbatches=num_microbatches, normalizer_key=normalizer_key)
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def batch_shardings(batch):
+    return {k: sharding.batch_sharding(mesh, v.ndim) for k, v in batch.items()}
+
+  compiled = {}
+
+  def run(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+    key = tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
+    if key not in compiled:
+      def traced(s, b):
+        with sharding.activate(mesh):
+          return step(s, b)
+      compiled[key] = jax.jit(traced, in_shardings=(state_sharding, batch_shardings(batch)),
+                              out_shardings=(state_sharding, replicated), donate_argnums=0)
+    return compiled[key](state, batch)
+
+  return run
