@@ -13,6 +13,9 @@ import numpy as np
 
 ROLES = ("system", "user", "assistant")
 
+# AgentGym's conversations open with the instruction (user) and this fixed agent reply (assistant).
+OPENING_REPLY = "Ok."
+
 
 @dataclasses.dataclass
 class Message:

@@ -1,0 +1,204 @@
+"""AgentGym's AgentTraj JSON: read and write, losslessly for everything but token arrays.
+
+The format (AgentGym's AgentTraj / AgentTraj-L files) is a JSON list of items:
+
+  [{"item_id": "maze_12",
+    "conversations": [{"from": "human", "loss": null, "value": "<instruction>"},
+                      {"from": "gpt", "loss": false, "value": "Ok."},
+                      {"from": "human", "loss": null, "value": "<first observation>"},
+                      {"from": "gpt", "loss": true, "value": "Thought: ...\\nAction: ..."}, ...]}]
+
+`from` is "human" (our role "user"), "gpt" ("assistant") or "system"; `loss` is true, false, null or absent
+(null and absent both mean the default, see `Message.loss`). evolver writes its trajectory fields as extra keys
+of each item (`env`, `task_index`, `split`, `env_version`, `reward`, `success`, `experience`, and `failed` /
+`error` for failed rollouts); AgentGym ignores unknown keys, and `read_agenttraj` reads them back. Token
+arrays (`token_ids`, `loss_mask`, `logprobs`) are not written: they belong to one tokenizer and one rollout.
+
+Items without the extra keys (AgentGym's own files) get `env` and `task_index` from an item id of the form
+`<env>_<index>` (e.g. "webshop_5238"), `reward` 0 and `success` False.
+
+  python -c "from evolver.data import agenttraj; print(len(agenttraj.read_agenttraj('AgentTraj-L/maze.json')))"
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from evolver.data.trajectory import Message, Trajectory
+
+FROM_TO_ROLE = {"human": "user", "gpt": "assistant", "system": "system"}
+ROLE_TO_FROM = {role: source for source, role in FROM_TO_ROLE.items()}
+
+
+class AgentTrajError(ValueError):
+  """A malformed AgentTraj file; the message names the file and the item (index and item_id)."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Trajectory <-> item (one element of the JSON list).
+# ----------------------------------------------------------------------------------------------------------
+
+
+def conversation_of(messages: Sequence[Message]) -> list[dict[str, Any]]:
+  """Messages as AgentTraj `conversations` turns (`from`, `loss`, `value`)."""
+  return [{"from": ROLE_TO_FROM[m.role], "loss": m.loss, "value": m.content} for m in messages]
+
+
+def trajectory_to_item(trajectory: Trajectory) -> dict[str, Any]:
+  """One AgentTraj item: `item_id`, `conversations`, then evolver's extra keys."""
+  item: dict[str, Any] = {
+      "item_id": trajectory.item_id,
+      "conversations": conversation_of(trajectory.messages),
+      "env": trajectory.env,
+      "task_index": int(trajectory.task_index),
+      "split": trajectory.split,
+      "env_version": trajectory.env_version,
+      "reward": float(trajectory.reward),
+      "success": bool(trajectory.success),
+      "experience": trajectory.experience,
+  }
+  if trajectory.failed or trajectory.error is not None:
+    item["failed"] = bool(trajectory.failed)
+    item["error"] = trajectory.error
+  return item
+
+
+def messages_from_conversation(conversation: Any) -> list[Message]:
+  """AgentTraj `conversations` turns as Messages; raises ValueError naming the bad turn."""
+  if not isinstance(conversation, list):
+    raise ValueError(f"'conversations' must be a list, got {type(conversation).__name__}")
+  messages = []
+  for turn_index, turn in enumerate(conversation):
+    where = f"turn {turn_index}"
+    if not isinstance(turn, dict):
+      raise ValueError(f"{where} must be an object, got {type(turn).__name__}")
+    source = turn.get("from")
+    if source not in FROM_TO_ROLE:
+      raise ValueError(f"{where} has unknown 'from' {source!r}; expected one of {sorted(FROM_TO_ROLE)}")
+    value = turn.get("value")
+    if not isinstance(value, str):
+      raise ValueError(f"{where} 'value' must be a string, got {type(value).__name__}")
+    loss = turn.get("loss")
+    if loss is not None and not isinstance(loss, bool):
+      raise ValueError(f"{where} 'loss' must be true, false or null, got {loss!r}")
+    messages.append(Message(FROM_TO_ROLE[source], value, loss))
+  return messages
+
+
+def _env_and_index(item_id: str) -> tuple[str, int]:
+  """("maze", 12) from "maze_12"; ("", -1) when the id has no numeric suffix."""
+  env, _, suffix = item_id.rpartition("_")
+  if env and suffix.isdigit():
+    return env, int(suffix)
+  return "", -1
+
+
+def _typed(item: dict[str, Any], key: str, types: tuple[type, ...], default: Any) -> Any:
+  """item[key] checked against `types`; `default` when the key is absent or null."""
+  value = item.get(key)
+  if value is None:
+    return default
+  # bool is an int subclass, but a `true` task_index or reward is a mistake, not a number.
+  if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+    names = " or ".join(t.__name__ for t in types)
+    raise ValueError(f"{key!r} must be {names}, got {value!r}")
+  return value
+
+
+def item_to_trajectory(item: Any, *, skip_empty: bool = False) -> Trajectory | None:
+  """A Trajectory from one AgentTraj item; raises ValueError (without the file/item prefix) when malformed.
+
+  Returns None for an empty conversation when `skip_empty`, else an empty conversation is an error: an
+  AgentTraj item always starts with its instruction, and an empty one is a broken export, not a task.
+  """
+  if not isinstance(item, dict):
+    raise ValueError(f"item must be an object, got {type(item).__name__}")
+  item_id = item.get("item_id")
+  if not isinstance(item_id, str):
+    raise ValueError(f"'item_id' must be a string, got {item_id!r}")
+  if "conversations" not in item:
+    raise ValueError("item has no 'conversations'")
+  messages = messages_from_conversation(item["conversations"])
+  if not messages:
+    if skip_empty:
+      return None
+    raise ValueError("'conversations' is empty (an item needs at least its instruction); "
+                     "pass skip_empty=True to drop such items")
+  inferred_env, inferred_index = _env_and_index(item_id)
+  reward = _typed(item, "reward", (int, float), 0.0)
+  if not math.isfinite(reward):
+    raise ValueError(f"'reward' must be finite, got {reward!r}")
+  error = item.get("error")
+  if error is not None and not isinstance(error, str):
+    raise ValueError(f"'error' must be a string or null, got {error!r}")
+  return Trajectory(
+      item_id=item_id,
+      messages=messages,
+      env=_typed(item, "env", (str,), inferred_env),
+      task_index=_typed(item, "task_index", (int,), inferred_index),
+      split=_typed(item, "split", (str,), ""),
+      env_version=_typed(item, "env_version", (str,), ""),
+      reward=float(reward),
+      success=_typed(item, "success", (bool,), False),
+      failed=_typed(item, "failed", (bool,), False),
+      error=error,
+      experience=dict(_typed(item, "experience", (dict,), {})),
+  )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Files.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _item_label(index: int, item: Any) -> str:
+  item_id = item.get("item_id") if isinstance(item, dict) else None
+  return f"item {index} (item_id {item_id!r})"
+
+
+def parse_agenttraj(data: Any, source: str = "<data>", *, skip_empty: bool = False) -> list[Trajectory]:
+  """Trajectories from already-parsed AgentTraj JSON; `source` names the file in error messages."""
+  if not isinstance(data, list):
+    raise AgentTrajError(f"{source}: an AgentTraj file is a JSON list of items, got {type(data).__name__}")
+  trajectories = []
+  for index, item in enumerate(data):
+    try:
+      trajectory = item_to_trajectory(item, skip_empty=skip_empty)
+    except (ValueError, TypeError) as error:
+      raise AgentTrajError(f"{source}: {_item_label(index, item)}: {error}") from error
+    if trajectory is not None:
+      trajectories.append(trajectory)
+  return trajectories
+
+
+def read_agenttraj(path: str | os.PathLike, *, skip_empty: bool = False) -> list[Trajectory]:
+  """All trajectories of an AgentTraj JSON file (UTF-8)."""
+  path = os.fspath(path)
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except json.JSONDecodeError as error:
+    raise AgentTrajError(f"{path}: not valid JSON: {error}") from error
+  except UnicodeDecodeError as error:
+    raise AgentTrajError(f"{path}: not UTF-8 text: {error}") from error
+  return parse_agenttraj(data, path, skip_empty=skip_empty)
+
+
+def write_agenttraj(path: str | os.PathLike, trajectories: Iterable[Trajectory]) -> None:
+  """Writes an AgentTraj JSON file (UTF-8, unicode unescaped) atomically: a reader never sees half a file."""
+  path = os.fspath(path)
+  items = [trajectory_to_item(t) for t in trajectories]
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  temporary = f"{path}.tmp{os.getpid()}"
+  try:
+    with open(temporary, "w", encoding="utf-8") as f:
+      json.dump(items, f, ensure_ascii=False, indent=1)
+      f.write("\n")
+    os.replace(temporary, path)
+  finally:
+    if os.path.exists(temporary):
+      os.unlink(temporary)
