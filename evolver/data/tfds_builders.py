@@ -19,11 +19,13 @@ for given files or directories.
 Generation is cached by tfds under `data_dir`: a second `download_and_prepare()` reads what is there. The
 default `data_dir` is `$EVOLVER_CACHE_DIR/tensorflow_datasets`, else `~/.cache/evolver/tensorflow_datasets`.
 
-From the command line (the module holds two builders, so it is imported with `--imports`, not given as a path):
+From the command line, tfds' `build` command (through `evolver.data.tfds_cli`, because the `tfds` executable
+of tensorflow-datasets 4.9 needs TensorFlow to start; with TensorFlow installed, `tfds build
+--imports=evolver.data.tfds_builders ...` takes the same arguments):
 
-  tfds build --imports=evolver.data.tfds_builders expert_trajectories/maze_512 \\
-      --file_format=array_record --data_dir="${EVOLVER_CACHE_DIR:-$HOME/.cache/evolver}/tensorflow_datasets"
-  tfds build --imports=evolver.data.tfds_builders agent_traj_json/manual --manual_dir=path/to/AgentTraj-L \\
+  python -m evolver.data.tfds_cli build expert_trajectories/maze_512 --file_format=array_record \
+      --data_dir="${EVOLVER_CACHE_DIR:-$HOME/.cache/evolver}/tensorflow_datasets"
+  python -m evolver.data.tfds_cli build agent_traj_json/manual --manual_dir=path/to/AgentTraj-L \
       --file_format=array_record --data_dir="${EVOLVER_CACHE_DIR:-$HOME/.cache/evolver}/tensorflow_datasets"
 
 From Python:
@@ -79,8 +81,9 @@ def trajectory_features() -> tfds.features.FeaturesDict:
       "task_index": tfds.features.Scalar(np.int64),
       "split": text(),
       "env_version": text(),
-      # float64 (not float32) so that a reward such as BabyAI's 0.94375 decodes to exactly what the env gave.
-      "reward": tfds.features.Scalar(np.float64),
+      # float32: tf.train.Example, which array_record records hold, has no float64 (BabyAI's 0.8714285714285714
+      # comes back as 0.8714285492897034; training weights do not care).
+      "reward": tfds.features.Scalar(np.float32),
       "success": tfds.features.Scalar(np.bool_),
       # AgentTraj `conversations` ([{"from", "loss", "value"}]) as JSON.
       "conversation": text(),
