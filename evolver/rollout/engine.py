@@ -1,0 +1,490 @@
+"""Multi-turn rollouts: many episodes across environments at once, the policy's KV cache kept across turns.
+
+  from evolver import models
+  from evolver.models.sampler import Sampler
+  from evolver.models.tokenizer import load_tokenizer
+  from evolver.rollout import RolloutConfig, RolloutEngine, Task
+
+  tok = load_tokenizer()
+  model = models.make_model(models.ModelConfig(vocab_size=2432, hidden_size=64, num_layers=2, num_heads=4,
+                                               num_kv_heads=2, intermediate_size=128))
+  with RolloutEngine(Sampler(model), tok) as engine:
+    out = engine.run([Task("maze", 0, "eval"), Task("wordle", 3, "eval")],
+                     RolloutConfig(max_new_tokens=32, max_rounds=3, temperature=1.0, num_samples=2))
+  for t in out.trajectories:
+    print(t.item_id, t.group, t.sample, t.turns, t.reward, t.success, t.finish_reason)
+
+An episode follows AgentGym: [user: env.instruction(), assistant: "Ok." (given, not sampled), user:
+env.reset(index, split)], then sample an assistant turn (stopping on the end-of-turn ids), `env.step(text)`,
+append the observation as the next user turn, until the env says done, `max_rounds`, or the context limit.
+
+Per turn, every live episode is one row of one `Sampler.generate` call. The first call prefills the rendered
+prompt; later calls feed only what the chat template adds after the sampled end-of-turn token (the observation
+turn and the next generation prompt, `evolver.rollout.turns`). Finished episodes leave the batch
+(`Sampler.select`), so decode work follows the live episodes. The env calls of a turn run on a thread pool
+(they overlap for `RemoteEnv`s); an env that raises (or a `RemoteEnv` that reports an unrecoverable server
+error) fails its own trajectory and the batch goes on.
+
+Decisions worth knowing:
+- `token_ids` are the conversation *as the policy saw it*: the prompt, the sampled tokens (not a
+  re-tokenization of their text) and the template/observation tokens in between, ending with the last
+  sampled token. The observation that follows the last turn is in `messages` but never reached the policy,
+  so it is not in `token_ids`. `loss_mask` is 1 exactly on sampled tokens (the end-of-turn token included);
+  `logprobs` are the sampler's (behaviour policy, temperature 1, no truncation) there and 0 elsewhere.
+- A turn that hits `max_new_tokens` without an end-of-turn token (a *cut* turn) is, by default
+  (`cut_turn="continue"`), sent to the env as it is, like AgentGym's controller does; the end-of-turn token
+  is then fed as a given token (loss_mask 0) so the history stays the template's. `cut_turn="end"` ends the
+  episode there instead, marked truncated, without stepping the env.
+- The context limit is checked before each turn: when the history, the new tokens and a full
+  `max_new_tokens` turn would not fit in `max_context_tokens`, the episode ends, marked truncated.
+- The cache is physically bounded by `Sampler.max_length` in slots, and slots include padding holes; when a
+  turn would not fit, the live rows are re-prefilled from their token histories (counted as a compaction)
+  and the rollout goes on with the same results.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gin
+import jax
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from evolver import envs as envs_lib
+from evolver.data.trajectory import Message, Trajectory
+from evolver.models.decoder import Decoder
+from evolver.models.sampler import Sampler, SamplingParams
+from evolver.models.tokenizer import end_of_turn_ids
+from evolver.rollout import turns as turns_lib
+
+FINISH_REASONS = ("done", "max_rounds", "context", "cut_turn", "error")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One environment task: `env` names what `env_factory` builds; `index` into its `split` ("train" or "eval")."""
+
+  env: str
+  index: int
+  split: str = "train"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """How to roll out. temperature 0 = greedy; top_k 0 and top_p 1 disable those filters.
+
+  max_new_tokens: per assistant turn. max_rounds: assistant turns per episode (None: each env's own
+  `max_rounds`; the env also ends the episode at its own limit). max_context_tokens: the policy's context in
+  tokens (None: as much as the sampler's cache allows, see `RolloutEngine.context_limit`). num_samples:
+  rollouts per task (one group). batch_size: episodes in flight at once (more are run in chunks).
+  reuse_cache: False re-prefills the whole history every turn (same results, slower: the reference the cached
+  path is tested and benchmarked against). cut_turn: "continue" | "end", what a turn that hits
+  max_new_tokens without an end-of-turn token does (module docstring). seed: sampling randomness.
+  """
+
+  max_new_tokens: int = 128
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  max_rounds: int | None = None
+  max_context_tokens: int | None = None
+  num_samples: int = 1
+  batch_size: int = 64
+  reuse_cache: bool = True
+  cut_turn: str = "continue"
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.num_samples < 1:
+      raise ValueError(f"num_samples must be >= 1, got {self.num_samples}")
+    if self.batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+    if self.max_rounds is not None and self.max_rounds < 1:
+      raise ValueError(f"max_rounds must be >= 1 or None, got {self.max_rounds}")
+    if self.cut_turn not in ("continue", "end"):
+      raise ValueError(f"cut_turn must be 'continue' or 'end', got {self.cut_turn!r}")
+    SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                   top_p=self.top_p)  # validates the sampling knobs
+
+
+@dataclasses.dataclass
+class Rollout(Trajectory):
+  """A trajectory from the engine, with what RL and evaluation need beyond `Trajectory`.
+
+  `Trajectory.num_turns` counts every assistant message, the given "Ok." included; `turns` counts the
+  sampled ones.
+  """
+
+  group: int = -1            # position of the task in the list given to `run`: a task's samples share it
+  sample: int = 0            # which of the task's `num_samples`
+  turns: int = 0             # sampled assistant turns
+  finish_reason: str = ""    # one of FINISH_REASONS
+  truncated: bool = False    # ended by the context limit or a cut turn (cut_turn="end"), not by the env
+  cut_turns: int = 0         # turns that hit max_new_tokens without an end-of-turn token
+
+
+@dataclasses.dataclass
+class RolloutStats:
+  """Counters and timings (seconds) of one `run`."""
+
+  episodes: int = 0
+  failed: int = 0
+  generate_calls: int = 0
+  rows_generated: int = 0    # live rows summed over generate calls
+  select_calls: int = 0      # times finished rows left the batch
+  rows_dropped: int = 0
+  compactions: int = 0       # re-prefills forced by the cache's slot limit
+  prefill_tokens: int = 0    # tokens fed to the model (prompts, new turns, pending tokens)
+  sampled_tokens: int = 0
+  generate_s: float = 0.0
+  env_s: float = 0.0
+  template_s: float = 0.0    # rendering and tokenizing
+  total_s: float = 0.0
+
+  @property
+  def episodes_per_s(self) -> float:
+    return self.episodes / self.total_s if self.total_s else 0.0
+
+  def as_dict(self) -> dict[str, float]:
+    out = dataclasses.asdict(self)
+    out["episodes_per_s"] = self.episodes_per_s
+    return out
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+  trajectories: list[Rollout]  # in task order, a task's samples together; failed ones included (failed=True)
+  stats: RolloutStats
+
+  def completed(self) -> list[Rollout]:
+    """The trajectories that did not fail: what training and success rates use."""
+    return [t for t in self.trajectories if not t.failed]
+
+
+Opening = Callable[[Task, str, str], list[Message]]
+
+
+def agentgym_opening(task: Task, instruction: str, observation: str) -> list[Message]:
+  """AgentGym's conversation start: the instruction, the agent's given "Ok.", the task's first observation."""
+  del task
+  return [Message("user", instruction), Message("assistant", "Ok."), Message("user", observation)]
+
+
+@dataclasses.dataclass
+class _Episode:
+  """Mutable state of one episode in flight."""
+
+  task: Task
+  group: int
+  sample: int
+  env: Any = None
+  env_version: str = ""
+  max_rounds: int = 0
+  messages: list[Message] = dataclasses.field(default_factory=list)
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  mask: list[float] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+  next_tokens: list[int] = dataclasses.field(default_factory=list)  # fed before the next turn is sampled
+  reward: float = 0.0
+  success: bool = False
+  turns: int = 0
+  cut_turns: int = 0
+  finish_reason: str = ""
+  truncated: bool = False
+  error: str | None = None
+
+  @property
+  def ended(self) -> bool:
+    return bool(self.finish_reason)
+
+  def end(self, reason: str, error: str | None = None) -> None:
+    self.finish_reason = reason
+    self.truncated = reason in ("context", "cut_turn")
+    self.error = error
+
+  def feed(self, tokens: Sequence[int]) -> None:
+    """Tokens the policy reads but did not sample."""
+    self.tokens.extend(tokens)
+    self.mask.extend([0.0] * len(tokens))
+    self.logprobs.extend([0.0] * len(tokens))
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return max(multiple, -(-n // multiple) * multiple)
+
+
+def _describe(error: BaseException) -> str:
+  return f"{type(error).__name__}: {error}"
+
+
+class RolloutEngine:
+  """Runs batches of episodes with one policy (a `Sampler`) over environments built by `env_factory`.
+
+  Envs are pooled per name and reused across chunks and calls (an env that failed is dropped); `close()`
+  (or `with`) closes them. Not thread-safe: one `run` at a time.
+  """
+
+  def __init__(self, sampler: Sampler | Decoder, tokenizer: PreTrainedTokenizerBase, *,
+               env_factory: Callable[[str], Any] = envs_lib.make, opening: Opening = agentgym_opening,
+               env_threads: int = 16):
+    """
+    Args:
+      sampler: the policy (a Decoder is wrapped in a default Sampler; keep one Sampler across calls so its
+        compiled programs are reused, and swap weights with `sampler.update_params`).
+      tokenizer: with a chat template that has the prefix property (`evolver.rollout.turns`).
+      env_factory: env name -> a fresh env (anything with the Env interface: `evolver.envs.make`, or a
+        `RemoteEnv` per name).
+      opening: builds the first messages from (task, instruction, first observation); the last must be a user
+        message. The default is AgentGym's; experience injection replaces it.
+      env_threads: env calls in flight at once.
+    """
+    self.sampler = sampler if isinstance(sampler, Sampler) else Sampler(sampler)
+    self.tokenizer = tokenizer
+    self.env_factory = env_factory
+    self.opening = opening
+    self.stop_ids = end_of_turn_ids(tokenizer)
+    if len(tokenizer) > self.sampler.config.vocab_size:
+      raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary is "
+                       f"{self.sampler.config.vocab_size}: they do not belong together")
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=env_threads, thread_name_prefix="rollout-env")
+    self._free_envs: dict[str, list[Any]] = {}
+
+  # -- lifecycle ------------------------------------------------------------------------------------------
+
+  def close(self) -> None:
+    """Closes the pooled envs and stops the env threads."""
+    for pool in self._free_envs.values():
+      for env in pool:
+        _close_env(env)
+    self._free_envs.clear()
+    self._pool.shutdown(wait=True)
+
+  def __enter__(self) -> "RolloutEngine":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  @property
+  def context_limit(self) -> int:
+    """The largest `max_context_tokens` the sampler's cache holds: `max_length` less one chunk and one cache
+    bucket of padding slack, so a fresh prefill of a full history always fits."""
+    return self.sampler.max_length - self.sampler.chunk_bucket - self.sampler.cache_bucket
+
+  # -- the public entry point -----------------------------------------------------------------------------
+
+  def run(self, tasks: Sequence[Task], config: RolloutConfig | None = None) -> RolloutBatch:
+    """Rolls out `config.num_samples` episodes per task, `config.batch_size` at a time.
+
+    Returns the trajectories in task order (a task's samples together, `group` = the task's position in
+    `tasks`) and the run's counters.
+    """
+    config = config or RolloutConfig()
+    limit = config.max_context_tokens or self.context_limit
+    if limit > self.context_limit:
+      raise ValueError(f"max_context_tokens {limit} exceeds what the sampler's cache holds ({self.context_limit} "
+                       f"= max_length {self.sampler.max_length} - chunk_bucket - cache_bucket); raise the "
+                       "Sampler's max_length")
+    if config.max_new_tokens >= limit:
+      raise ValueError(f"max_new_tokens {config.max_new_tokens} leaves no room for a prompt in {limit} tokens")
+    stats = RolloutStats()
+    start = time.perf_counter()
+    specs = [(task, group, sample) for group, task in enumerate(tasks) for sample in range(config.num_samples)]
+    out: list[Rollout] = []
+    key = jax.random.PRNGKey(config.seed)
+    for chunk_index, first in enumerate(range(0, len(specs), config.batch_size)):
+      episodes = [_Episode(task=t, group=g, sample=s) for t, g, s in specs[first:first + config.batch_size]]
+      self._run_chunk(episodes, config, limit, jax.random.fold_in(key, chunk_index), stats)
+      out.extend(_to_rollout(ep) for ep in episodes)
+    stats.episodes = len(out)
+    stats.failed = sum(t.failed for t in out)
+    stats.total_s = time.perf_counter() - start
+    return RolloutBatch(trajectories=out, stats=stats)
+
+  # -- one chunk of episodes, turn by turn ----------------------------------------------------------------
+
+  def _run_chunk(self, episodes: list[_Episode], config: RolloutConfig, limit: int, key: jax.Array,
+                 stats: RolloutStats) -> None:
+    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                            top_k=config.top_k, top_p=config.top_p, stop_ids=self.stop_ids)
+    self._start(episodes, config, limit, stats)
+    session, session_rows = None, []
+    turn = 0
+    while live := [ep for ep in episodes if not ep.ended]:
+      if not config.reuse_cache:
+        session = None
+      # Rows whose episodes ended leave the cache; the survivors keep their order.
+      if session is not None and len(live) < len(session_rows):
+        keep = [i for i, ep in enumerate(session_rows) if not ep.ended]
+        session = self.sampler.select(session, keep)
+        stats.select_calls += 1
+        stats.rows_dropped += len(session_rows) - len(keep)
+      if session is not None and not self._fits(session.length, [len(ep.next_tokens) + 1 for ep in live],
+                                                config.max_new_tokens):
+        session = None
+        stats.compactions += 1
+      if session is None:
+        # A fresh prefill of each whole history (the first turn's prompt, or a re-prefill).
+        chunks = [ep.tokens + ep.next_tokens for ep in live]
+      else:
+        chunks = [ep.next_tokens for ep in live]  # the sampler prepends each row's pending sampled token
+      stats.prefill_tokens += sum(len(c) for c in chunks) + (0 if session is None else len(live))
+      t0 = time.perf_counter()
+      gen = self.sampler.generate(chunks, params, seed=jax.random.fold_in(key, turn), session=session)
+      stats.generate_s += time.perf_counter() - t0
+      stats.generate_calls += 1
+      stats.rows_generated += len(live)
+      session, session_rows = gen.session, live
+      turn += 1
+      self._record_turns(live, gen, config, stats)
+      self._step_envs([ep for ep in live if not ep.ended], stats)
+      self._prepare_next_turns([ep for ep in live if not ep.ended], config, limit, stats)
+    self._release(episodes)
+
+  def _fits(self, start: int, row_lengths: Sequence[int], max_new_tokens: int) -> bool:
+    """Whether a generate call starting at cache slot `start` stays within the sampler's `max_length`
+    (mirrors the sampler's padding to chunk and cache buckets)."""
+    s = self.sampler
+    needed = start + _round_up(max(row_lengths), s.chunk_bucket) + max_new_tokens + 1
+    return _round_up(needed, s.cache_bucket) <= s.max_length
+
+  def _start(self, episodes: list[_Episode], config: RolloutConfig, limit: int, stats: RolloutStats) -> None:
+    """Acquires and resets an env per episode (in parallel), renders and tokenizes the first prompts."""
+
+    def start(ep: _Episode, env: Any):
+      env = env if env is not None else self.env_factory(ep.task.env)
+      ep.env = env  # set before anything can raise, so a failed env is closed, not pooled
+      ep.env_version = str(getattr(env, "version", ""))
+      instruction = env.instruction()
+      observation = env.reset(ep.task.index, ep.task.split)
+      return instruction, observation
+
+    t0 = time.perf_counter()
+    futures = [self._pool.submit(start, ep, self._take_env(ep.task.env)) for ep in episodes]
+    for ep, future in zip(episodes, futures):
+      try:
+        instruction, observation = future.result()
+      except Exception as error:  # pylint: disable=broad-except
+        ep.end("error", _describe(error))
+        continue
+      ep.max_rounds = min(config.max_rounds or ep.env.max_rounds, ep.env.max_rounds)
+      ep.messages = self.opening(ep.task, instruction, observation)
+      if not ep.messages or ep.messages[-1].role != "user":
+        raise ValueError("the opening messages must end with a user message")
+    stats.env_s += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    started = [ep for ep in episodes if not ep.ended]
+    prompts = turns_lib.prompt_tokens(self.tokenizer, [[m.to_dict() for m in ep.messages] for ep in started])
+    for ep, prompt in zip(started, prompts):
+      ep.next_tokens = prompt
+      if len(prompt) + config.max_new_tokens > limit:
+        ep.end("context")
+    stats.template_s += time.perf_counter() - t0
+
+  def _record_turns(self, live: list[_Episode], gen, config: RolloutConfig, stats: RolloutStats) -> None:
+    """Appends each row's fed and sampled tokens and its assistant message."""
+    for ep, tokens, logprobs, stopped in zip(live, gen.tokens, gen.logprobs, gen.stopped):
+      ep.feed(ep.next_tokens)
+      ep.next_tokens = []
+      ep.tokens.extend(tokens)
+      ep.mask.extend([1.0] * len(tokens))
+      ep.logprobs.extend(np.asarray(logprobs, np.float32).tolist())
+      ep.turns += 1
+      stats.sampled_tokens += len(tokens)
+      content = tokens[:-1] if stopped else tokens
+      ep.messages.append(Message("assistant", self.tokenizer.decode(content, skip_special_tokens=False,
+                                                                    clean_up_tokenization_spaces=False)))
+      if not stopped:
+        ep.cut_turns += 1
+        if len(tokens) < config.max_new_tokens:
+          ep.end("context")  # the sampler ran out of cache slots mid-turn (not expected: `_fits` guards it)
+        elif config.cut_turn == "end":
+          ep.end("cut_turn")
+
+  def _step_envs(self, episodes: list[_Episode], stats: RolloutStats) -> None:
+    """Steps every env on its episode's last assistant turn, in parallel."""
+    t0 = time.perf_counter()
+    futures = [self._pool.submit(ep.env.step, ep.messages[-1].content) for ep in episodes]
+    for ep, future in zip(episodes, futures):
+      try:
+        observation, reward, done, info = future.result()
+      except Exception as error:  # pylint: disable=broad-except
+        ep.end("error", _describe(error))
+        continue
+      if info.get("error"):  # a RemoteEnv whose server failed beyond recovery
+        ep.end("error", str(info["error"]))
+        continue
+      ep.messages.append(Message("user", observation))
+      ep.reward = float(reward)
+      ep.success = bool(info.get("success", False))
+      if done:
+        ep.end("done")
+      elif ep.turns >= ep.max_rounds:
+        ep.end("max_rounds")
+    stats.env_s += time.perf_counter() - t0
+
+  def _prepare_next_turns(self, episodes: list[_Episode], config: RolloutConfig, limit: int,
+                          stats: RolloutStats) -> None:
+    """Computes the tokens each continuing episode feeds next; ends those whose next turn would not fit."""
+    if not episodes:
+      return
+    t0 = time.perf_counter()
+    chats = [[m.to_dict() for m in ep.messages[:-1]] for ep in episodes]
+    new = [[ep.messages[-1].to_dict()] for ep in episodes]
+    for ep, (closing, opening) in zip(episodes, turns_lib.next_turn_tokens(self.tokenizer, chats, new,
+                                                                           self.stop_ids)):
+      stopped = ep.tokens[-1] in self.stop_ids  # else the turn was cut and its end-of-turn token is given
+      ep.next_tokens = (closing[1:] if stopped else closing) + opening
+      if len(ep.tokens) + len(ep.next_tokens) + config.max_new_tokens > limit:
+        ep.end("context")
+    stats.template_s += time.perf_counter() - t0
+
+  # -- env pool -------------------------------------------------------------------------------------------
+
+  def _take_env(self, name: str) -> Any:
+    pool = self._free_envs.get(name)
+    return pool.pop() if pool else None
+
+  def _release(self, episodes: list[_Episode]) -> None:
+    for ep in episodes:
+      if ep.env is None:
+        continue
+      if ep.finish_reason == "error":
+        _close_env(ep.env)  # its state is unknown; a fresh one replaces it
+      else:
+        self._free_envs.setdefault(ep.task.env, []).append(ep.env)
+      ep.env = None
+
+
+def _close_env(env: Any) -> None:
+  close = getattr(env, "close", None)
+  if close is not None:
+    try:
+      close()
+    except Exception:  # pylint: disable=broad-except
+      pass  # closing is best effort: the server reaps idle sessions
+
+
+def _to_rollout(ep: _Episode) -> Rollout:
+  task = ep.task
+  return Rollout(
+      item_id=f"{task.env}_{task.index}", messages=ep.messages, env=task.env, task_index=task.index,
+      split=task.split, env_version=ep.env_version, reward=ep.reward, success=ep.success,
+      failed=ep.finish_reason == "error", error=ep.error,
+      token_ids=np.asarray(ep.tokens, np.int32), loss_mask=np.asarray(ep.mask, np.float32),
+      logprobs=np.asarray(ep.logprobs, np.float32), group=ep.group, sample=ep.sample, turns=ep.turns,
+      finish_reason=ep.finish_reason, truncated=ep.truncated, cut_turns=ep.cut_turns)
+
+
+def rollout(sampler: Sampler | Decoder, tokenizer: PreTrainedTokenizerBase, tasks: Sequence[Task],
+            config: RolloutConfig | None = None, *, env_factory: Callable[[str], Any] = envs_lib.make,
+            opening: Opening = agentgym_opening) -> RolloutBatch:
+  """One-shot `RolloutEngine(...).run(tasks, config)` (its envs are closed afterwards)."""
+  with RolloutEngine(sampler, tokenizer, env_factory=env_factory, opening=opening) as engine:
+    return engine.run(tasks, config)

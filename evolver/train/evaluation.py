@@ -1,0 +1,180 @@
+"""Evaluation: roll the policy out on an env split and report per-env success, reward and turns.
+
+  python -m launch.eval --hf_checkpoint DIR --envs maze,wordle --split eval --num_tasks 100 --out eval_results.json
+
+From code (the training loop does this on `val`, a fixed slice of `train` indices, every N steps):
+
+  sampler = Sampler(model)                 # keep one; after each train step: sampler.update_params(params)
+  results = evaluate(sampler, tok, ["maze", "wordle"], split="train", indices=range(0, 50))
+  metrics.update(flatten_metrics(results, "val"))   # {"val/maze/success": ..., "val/overall/success": ...}
+
+Greedy (`num_samples=1`) gives success@1. With k samples at temperature T, `success` is avg@k (the mean
+over all samples) and `best_success` is best@k (the fraction of tasks solved by at least one sample).
+Failed episodes (an env error) are counted in `num_failed` and left out of every rate; a task whose samples
+all failed is left out of best@k. `overall` holds unweighted means over the envs (each env counts the same,
+as AgentGym reports), plus the summed counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from evolver import envs as envs_lib
+from evolver.models.decoder import Decoder
+from evolver.models.sampler import Sampler
+from evolver.rollout import Rollout, RolloutConfig, RolloutEngine, Task
+
+# Per-env figures that `overall` averages.
+MEAN_KEYS = ("success", "best_success", "reward", "best_reward", "turns")
+COUNT_KEYS = ("num_tasks", "num_episodes", "num_failed", "num_truncated")
+
+
+def summarize_env(trajectories: Sequence[Rollout]) -> dict[str, Any]:
+  """Success and reward figures of one env's trajectories (k samples per task share a `group`)."""
+  done = [t for t in trajectories if not t.failed]
+  by_task: dict[int, list[Rollout]] = {}
+  for t in done:
+    by_task.setdefault(t.group, []).append(t)
+
+  def mean(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else 0.0
+
+  return {
+      "num_tasks": len({t.group for t in trajectories}),
+      "num_episodes": len(trajectories),
+      "num_failed": len(trajectories) - len(done),
+      "num_truncated": sum(t.truncated for t in done),
+      "success": mean(t.success for t in done),
+      "best_success": mean(any(t.success for t in ts) for ts in by_task.values()),
+      "reward": mean(t.reward for t in done),
+      "best_reward": mean(max(t.reward for t in ts) for ts in by_task.values()),
+      "turns": mean(t.turns for t in done),
+      "errors": sorted({t.error for t in trajectories if t.error})[:5],
+  }
+
+
+def summarize(trajectories: Sequence[Rollout], env_names: Sequence[str],
+              versions: Mapping[str, str]) -> dict[str, Any]:
+  """Per-env summaries and their unweighted means over envs."""
+  per_env = {}
+  for name in env_names:
+    per_env[name] = summarize_env([t for t in trajectories if t.env == name])
+    per_env[name]["version"] = versions.get(name, "")
+  overall: dict[str, Any] = {k: float(np.mean([per_env[n][k] for n in env_names])) if env_names else 0.0
+                             for k in MEAN_KEYS}
+  overall.update({k: int(sum(per_env[n][k] for n in env_names)) for k in COUNT_KEYS})
+  return {"envs": per_env, "overall": overall}
+
+
+def _task_indices(env_names: Sequence[str], split: str, indices, start: int, num_tasks: int | None,
+                  env_factory: Callable[[str], Any]) -> tuple[dict[str, list[int]], dict[str, str]]:
+  """Resolves which task indices to run per env, and reads each env's version."""
+  out, versions = {}, {}
+  for name in env_names:
+    env = env_factory(name)
+    try:
+      available = env.num_tasks(split)
+      versions[name] = str(env.version)
+    finally:
+      close = getattr(env, "close", None)
+      if close is not None:
+        close()
+    if isinstance(indices, Mapping):
+      if name not in indices:
+        raise ValueError(f"indices has no entry for env {name!r}")
+      chosen = list(indices[name])
+    elif indices is not None:
+      chosen = list(indices)
+    else:
+      chosen = list(range(start, available if num_tasks is None else min(start + num_tasks, available)))
+    bad = [i for i in chosen if not 0 <= i < available]
+    if bad:
+      raise ValueError(f"{name}: task indices {bad[:5]} out of range for split {split!r} ({available} tasks)")
+    out[name] = chosen
+  return out, versions
+
+
+def evaluate(model_or_sampler: Sampler | Decoder, tokenizer: PreTrainedTokenizerBase, env_names: Sequence[str], *,
+             split: str = "eval", indices: Mapping[str, Sequence[int]] | Sequence[int] | None = None,
+             start: int = 0, num_tasks: int | None = None, num_samples: int = 1, temperature: float | None = None,
+             top_p: float = 1.0, max_new_tokens: int = 128, max_rounds: int | None = None,
+             max_context_tokens: int | None = None, batch_size: int = 64, seed: int = 0,
+             env_factory: Callable[[str], Any] = envs_lib.make, keep_episodes: bool = True) -> dict[str, Any]:
+  """Rolls the policy out on `split` of each env and summarizes.
+
+  Args:
+    model_or_sampler: the policy; pass a Sampler you keep, so repeated evaluations reuse its compiled programs.
+    env_names: envs to evaluate (names `env_factory` understands).
+    split: the env split, "train" or "eval" (`val` is a slice of "train" indices: pass them as `indices`).
+    indices: task indices per env (a mapping) or the same for all envs; None: `num_tasks` tasks of each env
+      from index `start` (to the end of the split when `num_tasks` is None).
+    num_samples: 1 = one greedy episode per task; k > 1 = k episodes per task at `temperature` (default 1.0)
+      for avg@k (`success`) and best@k (`best_success`).
+    temperature: None = 0 (greedy) when num_samples is 1, else 1.0.
+    keep_episodes: also return one small record per episode under "episodes".
+
+  Returns:
+    {"split", "num_samples", "temperature", "seed", "max_new_tokens", "max_rounds", "envs": {name: {success,
+    best_success, reward, best_reward, turns, num_tasks, num_episodes, num_failed, num_truncated, version,
+    errors}}, "overall": {...}, "seconds", "episodes_per_s", "rollout_stats", ["episodes"]}.
+  """
+  if temperature is None:
+    temperature = 0.0 if num_samples == 1 else 1.0
+  if num_samples > 1 and temperature == 0.0:
+    raise ValueError("num_samples > 1 at temperature 0 repeats one greedy episode k times; set a temperature")
+  env_names = list(env_names)
+  chosen, versions = _task_indices(env_names, split, indices, start, num_tasks, env_factory)
+  tasks = [Task(name, i, split) for name in env_names for i in chosen[name]]
+  config = RolloutConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                         max_rounds=max_rounds, max_context_tokens=max_context_tokens, num_samples=num_samples,
+                         batch_size=batch_size, seed=seed)
+  start = time.perf_counter()
+  with RolloutEngine(model_or_sampler, tokenizer, env_factory=env_factory) as engine:
+    batch = engine.run(tasks, config)
+  seconds = time.perf_counter() - start
+  results: dict[str, Any] = {
+      "split": split, "num_samples": num_samples, "temperature": temperature, "top_p": top_p, "seed": seed,
+      "max_new_tokens": max_new_tokens, "max_rounds": max_rounds,
+  }
+  results.update(summarize(batch.trajectories, env_names, versions))
+  results["seconds"] = seconds
+  results["episodes_per_s"] = len(batch.trajectories) / seconds if seconds else 0.0
+  results["rollout_stats"] = batch.stats.as_dict()
+  if keep_episodes:
+    results["episodes"] = [
+        {"env": t.env, "index": t.task_index, "sample": t.sample, "reward": t.reward, "success": t.success,
+         "turns": t.turns, "finish_reason": t.finish_reason, "failed": t.failed, "error": t.error}
+        for t in batch.trajectories]
+  return results
+
+
+def flatten_metrics(results: Mapping[str, Any], prefix: str = "eval") -> dict[str, float]:
+  """Scalar metrics for logging: `{prefix}/{env}/{key}` and `{prefix}/overall/{key}` (numbers only)."""
+  out = {}
+  for group, values in [*results["envs"].items(), ("overall", results["overall"])]:
+    for key, value in values.items():
+      if isinstance(value, (int, float)) and not isinstance(value, bool):
+        out[f"{prefix}/{group}/{key}"] = float(value)
+  return out
+
+
+def write_eval_results(path: str, results: Mapping[str, Any]) -> str:
+  """Writes `results` as JSON to `path` (a file, or a directory that gets `eval_results.json`); returns the file.
+  Written to a temporary name and renamed, so a reader never sees half a file."""
+  if os.path.isdir(path) or path.endswith(os.sep):
+    path = os.path.join(path, "eval_results.json")
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(results, f, indent=2, sort_keys=False)
+    f.write("\n")
+  os.replace(tmp, path)
+  return path
