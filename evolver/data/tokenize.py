@@ -156,8 +156,9 @@ def tokenize_messages(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mes
     position = next((i for i, (a, b) in enumerate(zip(ids, whole)) if a != b), min(len(ids), len(whole)))
     raise TemplateError(
         "the tokenizer is not prefix-consistent with this chat template: tokenizing the conversation turn by "
-        f"turn and as a whole differ from token {position} ({tokenizer.decode(ids[position:position + 8])!r} vs "
-        f"{tokenizer.decode(whole[position:position + 8])!r})")
+        f"turn and as a whole differ from token {position} (turn by turn "
+        f"{tokenizer.convert_ids_to_tokens(ids[position:position + 6])}, whole "
+        f"{tokenizer.convert_ids_to_tokens(whole[position:position + 6])}): the prompt must end on a token boundary")
   return np.asarray(ids, np.int32), np.asarray(turns, np.int32)
 
 
