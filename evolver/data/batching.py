@@ -25,7 +25,7 @@ batch by batch, and kept in an LRU cache. (grain could drive this too, but lengt
 per-epoch plan anyway, and the plan makes the state three integers.)
 
   python -c "
-  from evolver.data import batching, tfds_builders
+  from evolver.data import batching
   it = batching.expert_batch_iterator(['maze'], start=0, count=64, batch_size=8)
   print({k: v.shape for k, v in next(it).items()})"
 """
@@ -147,6 +147,23 @@ def batch_trajectories(trajectories: Sequence[Trajectory], tokenizer: PreTrained
   examples = [tokenize_trajectory(t, tokenizer, train_on_opening=train_on_opening, advantage=a, weight=w)
               for t, a, w in zip(trajectories, advantages, weights)]
   return collate(examples, pad_id_of(tokenizer), buckets, batch_size)
+
+
+class ConcatSource(Sequence):
+  """Random access to several sources one after the other (e.g. the expert set and new rollouts, AgentEvol)."""
+
+  def __init__(self, *sources: Sequence[Trajectory]):
+    self.sources = sources
+    self._ends = np.cumsum([len(s) for s in sources]).tolist()
+
+  def __len__(self) -> int:
+    return self._ends[-1] if self._ends else 0
+
+  def __getitem__(self, index: int) -> Trajectory:  # type: ignore[override]
+    if not 0 <= index < len(self):
+      raise IndexError(f"index {index} out of range for {len(self)} trajectories")
+    which = int(np.searchsorted(self._ends, index, side="right"))
+    return self.sources[which][index - (self._ends[which - 1] if which else 0)]
 
 
 # ----------------------------------------------------------------------------------------------------------

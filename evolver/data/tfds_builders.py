@@ -194,13 +194,18 @@ def expert_config_name(env_names: str | Sequence[str], start: int, count: int) -
 
 
 @functools.cache
+def _num_train_tasks(env_name: str) -> int:
+  return envs_lib.make(env_name).num_tasks("train")
+
+
+@functools.cache
 def _expert_config(env_names: tuple[str, ...], start: int, count: int) -> ExpertConfig:
   # Cached so that one name always maps to one object: tfds refuses two different configs of the same name.
   if isinstance(start, bool) or isinstance(count, bool) or start < 0 or count <= 0:
     raise ValueError(f"an expert slice needs start >= 0 and count > 0, got start={start}, count={count}")
   versions = {name: envs_lib.env_class(name).version for name in env_names}
   for name in env_names:
-    available = envs_lib.make(name).num_tasks("train")
+    available = _num_train_tasks(name)
     if start + count > available:
       raise ValueError(f"{name} has {available} train tasks; the slice [{start}, {start + count}) does not fit")
   version_text = ", ".join(f"{name} {version}" for name, version in versions.items())

@@ -36,7 +36,7 @@ class TemplateError(ValueError):
   """The chat template is not prefix-consistent, or does not end assistant turns with an end-of-turn token."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
 class TokenizedExample:
   """One trajectory as aligned `[T]` arrays (numpy), plus its per-trajectory weight.
 
