@@ -274,8 +274,9 @@ class BatchIterator:
 
   def _compute_lengths(self, keep_fn: Callable[[Trajectory], bool] | None) -> list[int]:
     lengths = []
+    # A bar only for long passes on a terminal (disable=None), so logs do not fill with carriage returns.
     for index in tqdm.tqdm(range(len(self.source)), desc="token lengths", unit="example", leave=False,
-                           disable=len(self.source) < 2000):
+                           mininterval=1.0, disable=None if len(self.source) >= 1000 else True):
       trajectory = self.source[index]
       if keep_fn is not None and not keep_fn(trajectory):
         lengths.append(-1)
