@@ -308,6 +308,8 @@ def agent_traj_config(name: str, paths: Sequence[str], *, skip_empty: bool = Fal
     paths = [paths]
   if not paths:
     raise ValueError("agent_traj_config needs at least one path")
+  if AgentTrajJson.get_builder_config(name) is not None:
+    raise ValueError(f"{name!r} is a listed agent_traj_json config; give these files another name")
   return AgentTrajConfig(name=name, description=f"AgentTraj JSON from {', '.join(paths)}",
                          paths=tuple(os.path.abspath(os.path.expanduser(p)) for p in paths),
                          skip_empty=skip_empty)
