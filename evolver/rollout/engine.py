@@ -127,6 +127,9 @@ class Rollout(Trajectory):
   finish_reason: str = ""    # one of FINISH_REASONS
   truncated: bool = False    # ended by the context limit or a cut turn (cut_turn="end"), not by the env
   cut_turns: int = 0         # turns that hit max_new_tokens without an end-of-turn token
+  # [start, stop) of each sampled turn in token_ids (step-level credit broadcasts over these).
+  turn_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+  step_rewards: list[float] = dataclasses.field(default_factory=list)  # the env's reward after each step
 
 
 @dataclasses.dataclass
@@ -191,6 +194,8 @@ class _Episode:
   mask: list[float] = dataclasses.field(default_factory=list)
   logprobs: list[float] = dataclasses.field(default_factory=list)
   next_tokens: list[int] = dataclasses.field(default_factory=list)  # fed before the next turn is sampled
+  turn_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+  step_rewards: list[float] = dataclasses.field(default_factory=list)
   reward: float = 0.0
   success: bool = False
   turns: int = 0
@@ -392,6 +397,7 @@ class RolloutEngine:
     for ep, tokens, logprobs, stopped in zip(live, gen.tokens, gen.logprobs, gen.stopped):
       ep.feed(ep.next_tokens)
       ep.next_tokens = []
+      ep.turn_spans.append((len(ep.tokens), len(ep.tokens) + len(tokens)))
       ep.tokens.extend(tokens)
       ep.mask.extend([1.0] * len(tokens))
       ep.logprobs.extend(np.asarray(logprobs, np.float32).tolist())
@@ -422,6 +428,7 @@ class RolloutEngine:
         continue
       ep.messages.append(Message("user", observation))
       ep.reward = float(reward)
+      ep.step_rewards.append(ep.reward)
       ep.success = bool(info.get("success", False))
       if done:
         ep.end("done")
@@ -479,7 +486,8 @@ def _to_rollout(ep: _Episode) -> Rollout:
       failed=ep.finish_reason == "error", error=ep.error,
       token_ids=np.asarray(ep.tokens, np.int32), loss_mask=np.asarray(ep.mask, np.float32),
       logprobs=np.asarray(ep.logprobs, np.float32), group=ep.group, sample=ep.sample, turns=ep.turns,
-      finish_reason=ep.finish_reason, truncated=ep.truncated, cut_turns=ep.cut_turns)
+      finish_reason=ep.finish_reason, truncated=ep.truncated, cut_turns=ep.cut_turns, turn_spans=ep.turn_spans,
+      step_rewards=ep.step_rewards)
 
 
 def rollout(sampler: Sampler | Decoder, tokenizer: PreTrainedTokenizerBase, tasks: Sequence[Task],

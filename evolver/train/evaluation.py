@@ -102,7 +102,7 @@ def _task_indices(env_names: Sequence[str], split: str, indices, start: int, num
   return out, versions
 
 
-def evaluate(model_or_sampler: Sampler | Decoder, tokenizer: PreTrainedTokenizerBase, env_names: Sequence[str], *,
+def evaluate(policy: RolloutEngine | Sampler | Decoder, tokenizer: PreTrainedTokenizerBase, env_names: Sequence[str], *,
              split: str = "eval", indices: Mapping[str, Sequence[int]] | Sequence[int] | None = None,
              start: int = 0, num_tasks: int | None = None, num_samples: int = 1, temperature: float | None = None,
              top_p: float = 1.0, max_new_tokens: int = 128, max_rounds: int | None = None,
@@ -111,7 +111,9 @@ def evaluate(model_or_sampler: Sampler | Decoder, tokenizer: PreTrainedTokenizer
   """Rolls the policy out on `split` of each env and summarizes.
 
   Args:
-    model_or_sampler: the policy; pass a Sampler you keep, so repeated evaluations reuse its compiled programs.
+    policy: a Sampler you keep (so repeated evaluations reuse its compiled programs), a Decoder (wrapped in a
+      new Sampler), or a RolloutEngine you keep (its envs are reused too; its env factory is used).
+    tokenizer: ignored when `policy` is a RolloutEngine (it has its own).
     env_names: envs to evaluate (names `env_factory` understands).
     split: the env split, "train" or "eval" (`val` is a slice of "train" indices: pass them as `indices`).
     indices: task indices per env (a mapping) or the same for all envs; None: `num_tasks` tasks of each env
@@ -131,14 +133,20 @@ def evaluate(model_or_sampler: Sampler | Decoder, tokenizer: PreTrainedTokenizer
   if num_samples > 1 and temperature == 0.0:
     raise ValueError("num_samples > 1 at temperature 0 repeats one greedy episode k times; set a temperature")
   env_names = list(env_names)
+  engine = policy if isinstance(policy, RolloutEngine) else None
+  if engine is not None:
+    env_factory = engine.env_factory
   chosen, versions = _task_indices(env_names, split, indices, start, num_tasks, env_factory)
   tasks = [Task(name, i, split) for name in env_names for i in chosen[name]]
   config = RolloutConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                          max_rounds=max_rounds, max_context_tokens=max_context_tokens, num_samples=num_samples,
                          batch_size=batch_size, seed=seed)
   start = time.perf_counter()
-  with RolloutEngine(model_or_sampler, tokenizer, env_factory=env_factory) as engine:
+  if engine is not None:
     batch = engine.run(tasks, config)
+  else:
+    with RolloutEngine(policy, tokenizer, env_factory=env_factory) as own:
+      batch = own.run(tasks, config)
   seconds = time.perf_counter() - start
   results: dict[str, Any] = {
       "split": split, "num_samples": num_samples, "temperature": temperature, "top_p": top_p, "seed": seed,

@@ -93,6 +93,8 @@ def test_loss_mask_is_exactly_the_sampled_turns(cached, tok):
     runs = list(zip(edges[::2], edges[1::2]))
     sampled = [m.content for m in t.messages[3:] if m.role == "assistant"]  # after the given "Ok."
     assert len(runs) == len(sampled) == t.turns
+    assert [tuple(r) for r in runs] == t.turn_spans
+    assert len(t.step_rewards) == t.turns and (not t.step_rewards or t.step_rewards[-1] == t.reward)
     for (start, stop), content in zip(runs, sampled):
       ids = t.token_ids[start:stop].tolist()
       stopped = ids[-1] in stops
@@ -176,6 +178,24 @@ def test_context_limit_and_cut_turns_end_episodes(engine, tok, cached):
       assert t.messages[-1].role == "assistant"  # the env never saw the cut turn
       assert t.token_ids[-1] not in stops
   assert any(t.finish_reason == "cut_turn" for t in ended.trajectories)
+
+
+def test_cache_compaction_keeps_results(model, tok, engine):
+  # A cache of 896 slots holds 576 context tokens, but padding holes fill its slots before the histories
+  # reach that: the engine re-prefills the live rows (compaction) and the results stay those of a roomy cache.
+  small = tiny_sampler(model)
+  small.max_length = 896
+  with RolloutEngine(small, tok, env_factory=short_env) as tight:
+    assert tight.context_limit == 576
+    squeezed = tight.run(TASKS, CONFIG)
+  roomy = engine.run(TASKS, dataclasses.replace(CONFIG, max_context_tokens=576))
+  assert squeezed.stats.compactions >= 1 and roomy.stats.compactions == 0
+  for a, b in zip(squeezed.trajectories, roomy.trajectories):
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    assert a.finish_reason == b.finish_reason
+  with pytest.raises(ValueError, match="exceeds what the sampler's cache holds"):
+    engine.run(TASKS, dataclasses.replace(CONFIG, max_context_tokens=4096))
 
 
 class FlakyEnv:

@@ -18,7 +18,8 @@ def tiny_model(tokenizer=None, seed: int = 0) -> models.Decoder:
   tokenizer = tokenizer or load_tokenizer()
   vocab = -(-len(tokenizer) // 128) * 128
   config = models.ModelConfig(vocab_size=vocab, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                              intermediate_size=128, max_position_embeddings=2048, tie_embeddings=False)
+                              intermediate_size=128, max_position_embeddings=2048, tie_embeddings=False,
+                              model_type="llama")  # no biases: a valid Llama checkpoint for save_hf
   model = models.make_model(config, seed=seed)
   head = model.lm_head.get_value() * LOGIT_SCALE
   for token in end_of_turn_ids(tokenizer):
@@ -29,4 +30,4 @@ def tiny_model(tokenizer=None, seed: int = 0) -> models.Decoder:
 
 def tiny_sampler(model: models.Decoder) -> Sampler:
   # Coarse buckets: few distinct shapes, so few programs compile.
-  return Sampler(model, cache_bucket=128, chunk_bucket=32, max_length=2048)
+  return Sampler(model, cache_bucket=256, chunk_bucket=64, max_length=2048)
