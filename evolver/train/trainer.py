@@ -1,0 +1,142 @@
+"""The pieces every training loop shares: the policy's initialisation, a sharded TrainState with its jitted
+step, checkpoints (save, resume), metrics and the run's gin config files."""
+
+import dataclasses
+import os
+from typing import Any
+
+import gin
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+from evolver.models import sharding
+from evolver.models.config import ModelConfig
+from evolver.models.decoder import Decoder, make_model
+from evolver.models.hf import load_hf
+from evolver.train import checkpoints as ckpt_lib
+from evolver.train import state as state_lib
+from evolver.train import step as step_lib
+from evolver.train.metrics import MetricsWriter
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+  """How a run trains, independent of what it trains on. Mesh sizes: -1 = the rest of the devices."""
+
+  checkpoint_every: int = 50
+  keep_checkpoints: int = 3
+  log_every: int = 1
+  num_microbatches: int = 1
+  async_checkpoint: bool = True
+  mesh_data: int = 1
+  mesh_fsdp: int = -1
+  mesh_tensor: int = 1
+
+
+@gin.configurable
+def init_policy(config: ModelConfig | None = None, *, seed: int = 0, init_checkpoint: str | None = None,
+                hf_checkpoint: str | None = None) -> Decoder:
+  """The starting policy: an evolver run's checkpoint (`INIT_CHECKPOINT`: a MODEL_DIR, its best or a step
+  directory), a transformers directory, or fresh weights of `config` (the tiny default from gin)."""
+  if init_checkpoint and hf_checkpoint:
+    raise ValueError("give init_checkpoint or hf_checkpoint, not both")
+  if init_checkpoint:
+    best = os.path.isdir(ckpt_lib.checkpoint_dir(init_checkpoint, ckpt_lib.BEST_SUBDIR))
+    model, _ = ckpt_lib.restore_model(init_checkpoint, best=best)
+    return model
+  if hf_checkpoint:
+    cfg = config or ModelConfig()
+    return load_hf(hf_checkpoint, param_dtype=cfg.param_dtype, dtype=cfg.dtype)
+  return make_model(config or ModelConfig(), seed=seed)
+
+
+def write_gin_config(model_dir: str, name: str = "config.gin", operative: bool = False) -> str:
+  os.makedirs(model_dir, exist_ok=True)
+  path = os.path.join(model_dir, name)
+  text = gin.operative_config_str() if operative else gin.config_str()
+  with open(path + ".tmp", "w") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
+  return path
+
+
+class Trainer:
+  """Owns the TrainState on its mesh, the jitted step, the checkpointer and the metrics writer."""
+
+  def __init__(self, model_dir: str, model: Decoder, optimizer: optax.GradientTransformation,
+               loss_fn: step_lib.LossFn, *, seed: int = 0, config: TrainerConfig | None = None,
+               normalizer_key: str = "loss_mask"):
+    self.model_dir = os.path.abspath(model_dir)
+    self.config = config or TrainerConfig()
+    self.model_config = model.config
+    self.graphdef, params = nnx.split(model)
+    self.mesh = sharding.make_mesh(self.config.mesh_data, self.config.mesh_fsdp, self.config.mesh_tensor)
+    state = state_lib.create_train_state(params, optimizer, seed)
+    self.shardings = step_lib.state_shardings(state, self.mesh)
+    self.state = jax.device_put(state, self.shardings)
+    self._step = step_lib.jit_train_step(self.graphdef, loss_fn, optimizer, self.mesh, self.shardings,
+                                         num_microbatches=self.config.num_microbatches,
+                                         normalizer_key=normalizer_key)
+    self.checkpointer = ckpt_lib.Checkpointer(self.model_dir, max_to_keep=self.config.keep_checkpoints,
+                                              async_save=self.config.async_checkpoint)
+    self._best = None
+    self.writer: MetricsWriter | None = None
+
+  @property
+  def step(self) -> int:
+    return int(self.state.step)
+
+  def _train_part(self, state: state_lib.TrainState) -> dict[str, Any]:
+    return {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}
+
+  def restore_latest(self) -> dict[str, Any] | None:
+    """Resumes from the latest complete checkpoint, if any. Returns its extras (loop bookkeeping)."""
+    latest = self.checkpointer.latest_step()
+    if latest is None:
+      return None
+    params, train, extra = self.checkpointer.restore(latest, ckpt_lib.abstract_of(self.state.params),
+                                                     ckpt_lib.abstract_of(self._train_part(self.state)))
+    self.state = self.state.replace(params=params, step=train["step"], opt_state=train["opt_state"],
+                                    rng=train["rng"])
+    if int(self.state.step) != latest:
+      raise RuntimeError(f"checkpoint {latest} holds state of step {int(self.state.step)}")
+    return extra
+
+  def open_metrics(self) -> MetricsWriter:
+    """The metrics writer, dropping rows past the current (restored) step."""
+    self.writer = MetricsWriter(self.model_dir, resume_step=self.step)
+    return self.writer
+
+  def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    self.state, metrics = self._step(self.state, batch)
+    return metrics
+
+  def save(self, extra: dict[str, Any], *, force: bool = False) -> None:
+    extra = dict(extra, model_config=ckpt_lib.model_config_to_json(self.model_config))
+    self.checkpointer.save(self.step, self.state.params, self._train_part(self.state), extra, force=force)
+
+  def save_best(self, score: float, extra: dict[str, Any]) -> bool:
+    """Keeps the current policy as the best on `val` when `score` beats the best so far."""
+    if self._best is None:
+      self._best = ckpt_lib.Checkpointer(self.model_dir, max_to_keep=1, async_save=False,
+                                         subdir=ckpt_lib.BEST_SUBDIR)
+    previous = extra.get("previous_best")
+    if previous is not None and score <= previous:
+      return False
+    extra = dict(extra, model_config=ckpt_lib.model_config_to_json(self.model_config), score=score)
+    self._best.save(self.step, self.state.params, None, extra, force=True)
+    return True
+
+  def policy(self) -> Decoder:
+    """The current policy as a model (shares the state's arrays; do not donate them while it is in use)."""
+    return nnx.merge(self.graphdef, self.state.params)
+
+  def close(self) -> None:
+    self.checkpointer.close()
+    if self._best is not None:
+      self._best.close()
+    if self.writer is not None:
+      self.writer.close()

@@ -1,0 +1,35 @@
+"""Training entry point.
+
+  python -m launch.train --gin_file=gin_configs/runs/bc.gin --gin_bindings="MODEL_DIR='runs/bc'" \
+      --gin_bindings="TRAIN_STEPS=40"
+
+Flags are repeatable: later files and bindings override earlier ones. The run writes MODEL_DIR/config.gin
+(every binding) at the start and MODEL_DIR/operative_config.gin (what was used) once training runs, and
+resumes from MODEL_DIR/checkpoints when started again.
+"""
+
+import sys
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", [], "gin config files (repeatable)")
+flags.DEFINE_multi_string("gin_bindings", [], "gin bindings, e.g. \"MODEL_DIR='runs/x'\" (repeatable)")
+flags.DEFINE_multi_string("gin_search_paths", [], "extra directories to look up gin files and includes in")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
+  from evolver.train import launch as launch_lib
+  if not FLAGS.gin_file:
+    sys.exit("give at least one --gin_file, e.g. --gin_file=gin_configs/runs/bc.gin")
+  try:
+    launch_lib.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
+  except launch_lib.ConfigError as e:
+    sys.exit(f"error: {e}")
+  launch_lib.run()
+
+
+if __name__ == "__main__":
+  app.run(main)
