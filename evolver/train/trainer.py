@@ -3,6 +3,7 @@ step, checkpoints (save, resume), metrics and the run's gin config files."""
 
 import dataclasses
 import os
+import signal
 from typing import Any
 
 import gin
@@ -19,6 +20,9 @@ from evolver.train import checkpoints as ckpt_lib
 from evolver.train import state as state_lib
 from evolver.train import step as step_lib
 from evolver.train.metrics import MetricsWriter
+
+
+KILL_DURING_SAVE_ENV = "EVOLVER_FAULT_KILL_DURING_SAVE_AT_STEP"
 
 
 @gin.configurable
@@ -111,12 +115,20 @@ class Trainer:
     return self.writer
 
   def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    rows = next(iter(batch.values())).shape[0]
+    data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    if rows % data_parallel:
+      raise ValueError(f"batch of {rows} rows does not split over data x fsdp = {data_parallel} devices; make the "
+                       f"batch size a multiple of {data_parallel} or change TrainerConfig.mesh_*")
     self.state, metrics = self._step(self.state, batch)
     return metrics
 
   def save(self, extra: dict[str, Any], *, force: bool = False) -> None:
     extra = dict(extra, model_config=ckpt_lib.model_config_to_json(self.model_config))
     self.checkpointer.save(self.step, self.state.params, self._train_part(self.state), extra, force=force)
+    # Fault injection for the crash-resume tests: die by SIGKILL while this (async) save is in flight.
+    if os.environ.get(KILL_DURING_SAVE_ENV) == str(self.step):
+      os.kill(os.getpid(), signal.SIGKILL)
 
   def save_best(self, score: float, extra: dict[str, Any]) -> bool:
     """Keeps the current policy as the best on `val` when `score` beats the best so far."""

@@ -1,0 +1,91 @@
+"""`python -m launch.train` end to end: gin, BC on expert data, checkpoints, resume, crash recovery."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from evolver.train import checkpoints as ckpt_lib
+from evolver.train import metrics as metrics_lib
+from evolver.train.trainer import KILL_DURING_SAVE_ENV
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A small model and dataset so that every run here takes seconds; the rest is runs/bc.gin as it ships.
+SMALL = [
+    "ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelConfig.intermediate_size = 128",
+    "train_bc.envs = ['sql', 'wordle']", "train_bc.expert_count = 16", "train_bc.val_start = 100",
+    "train_bc.batch_size = 4", "train_bc.buckets = (512,)", "TrainerConfig.checkpoint_every = 4",
+    "make_optimizer.learning_rate = 1e-2", "make_optimizer.warmup_steps = 2",
+]
+
+
+def train(model_dir, steps, *extra_bindings, env=None, check=True):
+  bindings = [f"MODEL_DIR = '{model_dir}'", f"TRAIN_STEPS = {steps}", *SMALL, *extra_bindings]
+  cmd = [sys.executable, "-m", "launch.train", "--gin_file=gin_configs/runs/bc.gin"]
+  cmd += [f"--gin_bindings={b}" for b in bindings]
+  run_env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(run_env, **(env or {})),
+                        timeout=600)
+  if check and proc.returncode != 0:
+    raise AssertionError(f"launch.train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+  return proc
+
+
+def losses(model_dir):
+  rows = metrics_lib.read_metrics(str(model_dir))
+  steps = [r["step"] for r in rows if "loss" in r]
+  assert len(steps) == len(set(steps)), f"a step was logged twice: {steps}"
+  return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  model_dir = tmp_path_factory.mktemp("bc") / "run"
+  train(model_dir, 12)
+  return model_dir
+
+
+def test_bc_trains_checkpoints_and_writes_configs(uninterrupted):
+  loss = losses(uninterrupted)
+  assert sorted(loss) == list(range(1, 13))
+  assert sum(loss[s] for s in (10, 11, 12)) < 0.8 * sum(loss[s] for s in (1, 2, 3))
+  steps = ckpt_lib.Checkpointer(str(uninterrupted), async_save=False).all_steps()
+  assert steps == [4, 8, 12]
+  operative = (uninterrupted / "operative_config.gin").read_text()
+  assert "TRAIN_STEPS = 12" in operative and "ModelConfig.hidden_size = 64" in operative
+  assert (uninterrupted / "config.gin").exists()
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(uninterrupted / "tensorboard"))
+  model, step = ckpt_lib.restore_model(str(uninterrupted))
+  assert step == 12 and model.config.hidden_size == 64
+
+
+def test_rerun_with_more_steps_resumes_without_repeating(uninterrupted, tmp_path):
+  model_dir = tmp_path / "more"
+  subprocess.run(["cp", "-r", str(uninterrupted), str(model_dir)], check=True)
+  proc = train(model_dir, 16)
+  assert "resuming at step 12" in proc.stdout
+  assert sorted(losses(model_dir)) == list(range(1, 17))
+
+
+def test_sigkill_mid_save_resumes_from_last_complete_checkpoint(uninterrupted, tmp_path):
+  model_dir = tmp_path / "killed"
+  proc = train(model_dir, 12, env={KILL_DURING_SAVE_ENV: "8"}, check=False)
+  assert proc.returncode == -9, proc.stderr[-2000:]
+  complete = ckpt_lib.Checkpointer(str(model_dir), async_save=False).all_steps()
+  assert complete and max(complete) in (4, 8)
+  logged_before = sorted(losses(model_dir))
+  assert logged_before[-1] == 8  # steps past the last complete checkpoint were logged, then lost
+  proc = train(model_dir, 12)
+  assert f"resuming at step {max(complete)}" in proc.stdout
+  resumed, reference = losses(model_dir), losses(uninterrupted)
+  assert sorted(resumed) == list(range(1, 13))
+  for step in range(1, 13):
+    assert resumed[step] == pytest.approx(reference[step], rel=1e-5, abs=1e-6), step
+
+
+def test_bad_binding_fails_fast_with_its_name(tmp_path):
+  proc = train(tmp_path / "bad", 4, "train_bc.no_such_option = 3", check=False)
+  assert proc.returncode != 0
+  assert "no_such_option" in proc.stderr and "Traceback" not in proc.stderr
