@@ -1,13 +1,13 @@
 """Evaluate a policy on the environments: per-env success rate, mean reward and turns -> eval_results.json.
 
-  python -m launch.eval --hf_checkpoint DIR --envs maze,wordle --split eval --num_tasks 100 \
-      --out DIR/eval_results.json
-  python -m launch.eval --model_dir runs/bc [--step 400] --envs maze,wordle --num_samples 4 --temperature 1.0
+  python -m launch.eval --hf_checkpoint DIR --envs maze,wordle --split eval --num_tasks 100 --out DIR/eval.json
+  python -m launch.eval --model_dir runs/bc [--step 400 | --best] --envs maze,wordle --num_samples 4 --temperature 1.0
   python -m launch.eval --hf_checkpoint DIR --env_urls maze=http://127.0.0.1:36001   # a served env
 
 `--hf_checkpoint` is a transformers directory (its tokenizer is loaded from it too); `--model_dir` is a
-training run (the latest checkpoint, or `--step`), with the shipped tiny tokenizer unless `--tokenizer` says
-otherwise. Greedy by default; `--num_samples k` reports avg@k (`success`) and best@k (`best_success`).
+training run (the latest checkpoint, `--step N`, or `--best`, the one selected on `val`), with the shipped
+tiny tokenizer unless `--tokenizer` says otherwise. Greedy by default; `--num_samples k` reports avg@k
+(`success`) and best@k (`best_success`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def load_policy(args: argparse.Namespace):
     tok = tokenizer_lib.load_tokenizer(args.tokenizer or args.hf_checkpoint)
     return model, tok, {"hf_checkpoint": args.hf_checkpoint}
   from evolver.train.checkpoints import restore_model  # the training stack, only when a run is evaluated
-  model, step = restore_model(args.model_dir, step=args.step)
+  model, step = restore_model(args.model_dir, step=args.step, best=args.best)
   tok = tokenizer_lib.load_tokenizer(args.tokenizer)
-  return model, tok, {"model_dir": args.model_dir, "step": int(step) if step is not None else None}
+  return model, tok, {"model_dir": args.model_dir, "step": int(step), "best": args.best}
 
 
 def env_factory_for(urls: dict[str, list[str]]):
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--hf_checkpoint", default=None, help="a transformers directory (model + tokenizer)")
   parser.add_argument("--model_dir", default=None, help="a training run directory")
   parser.add_argument("--step", type=int, default=None, help="with --model_dir: which checkpoint (default latest)")
+  parser.add_argument("--best", action="store_true", help="with --model_dir: the checkpoint selected on val")
   parser.add_argument("--tokenizer", default=None, help="a tokenizer directory (overrides the default)")
   parser.add_argument("--envs", default=",".join(envs_lib.names()), help="comma-separated env names")
   parser.add_argument("--env_urls", default="", help="NAME=URL,... to evaluate served envs (RemoteEnv)")
