@@ -13,11 +13,13 @@ import jax.numpy as jnp
 def target_logprobs(logits: jax.Array, input_ids: jax.Array) -> jax.Array:
   """Log-probability of each next token. logits `[B, T, V]`, input_ids `[B, T]` -> `[B, T]` float32 where
   column t scores input_ids[:, t] given the tokens before it; column 0 (nothing predicts it) is 0."""
-  logits = logits[:, :-1].astype(jnp.float32)
-  targets = input_ids[:, 1:]
-  picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  logp = picked - jax.nn.logsumexp(logits, axis=-1)
-  return jnp.pad(logp, ((0, 0), (1, 0)))
+  # Score every position against the next id (the last against a dummy) and shift the small [B, T] result:
+  # slicing logits[:, :-1] instead would copy the whole [B, T, V] array.
+  logits = logits.astype(jnp.float32)
+  next_ids = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1)))
+  picked = jnp.take_along_axis(logits, next_ids[..., None], axis=-1)[..., 0]
+  logp_next = picked - jax.nn.logsumexp(logits, axis=-1)
+  return jnp.pad(logp_next[:, :-1], ((0, 0), (1, 0)))
 
 
 def token_entropy(logits: jax.Array) -> jax.Array:

@@ -24,10 +24,17 @@ Batch = Mapping[str, jax.Array]
 LossFn = Callable[[Decoder, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
 
 
+def policy_logprobs(model: Decoder, input_ids: jax.Array, head_chunk_rows: int | None = None) -> jax.Array:
+  """`[B, T]` log-probabilities of each token given the ones before it (column 0 is 0): through the full
+  logits, or chunked through the LM head when `head_chunk_rows` is set (large vocabularies)."""
+  if head_chunk_rows:
+    return model.chunked_target_logprobs(input_ids, chunk_rows=head_chunk_rows)
+  return losses.target_logprobs(model(input_ids), input_ids)
+
+
 def sft_loss_fn(model: Decoder, batch: Batch, normalizer: jax.Array) -> tuple[jax.Array, dict]:
   """Token-mean NLL on `loss_mask`, reward-weighted by `weights` `[B]` when the batch has them."""
-  logits = model(batch["input_ids"])
-  logp = losses.target_logprobs(logits, batch["input_ids"])
+  logp = policy_logprobs(model, batch["input_ids"])
   if "weights" in batch:
     return losses.weighted_sft_loss(logp, batch["loss_mask"], batch["weights"], normalizer=normalizer)
   return losses.sft_loss(logp, batch["loss_mask"], normalizer=normalizer)

@@ -37,3 +37,20 @@ def test_sft_is_token_mean_and_weighted_scales_rows():
 def test_empty_mask_gives_zero_not_nan():
   loss, _ = losses.sft_loss(jnp.full((1, 3), -1.0), jnp.zeros((1, 3)))
   assert float(loss) == 0.0
+
+
+def test_chunked_head_logprobs_and_gradients_equal_full_logits():
+  from flax import nnx
+  from evolver.models import ModelConfig, make_model
+  for tie in (True, False):
+    config = ModelConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                         intermediate_size=64, tie_embeddings=tie)
+    graphdef, params = nnx.split(make_model(config, seed=0))
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, 97, (3, 13)), jnp.int32)
+    mask = jnp.asarray(rng.random((3, 13)) < 0.7, jnp.float32)
+    full = lambda p: jnp.sum(losses.target_logprobs(nnx.merge(graphdef, p)(ids), ids) * mask)
+    chunked = lambda p: jnp.sum(nnx.merge(graphdef, p).chunked_target_logprobs(ids, chunk_rows=8) * mask)
+    np.testing.assert_allclose(chunked(params), full(params), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(jax.grad(full)(params)), jax.tree.leaves(jax.grad(chunked)(params))):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
