@@ -56,3 +56,121 @@ def weighted_sft_loss(logp: jax.Array, loss_mask: jax.Array, weights: jax.Array,
   return loss, {"nll": -masked_mean(logp, loss_mask, normalizer),
                 "num_tokens": jnp.sum(loss_mask.astype(jnp.float32)),
                 "mean_weight": jnp.mean(weights.astype(jnp.float32))}
+
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def aggregate_loss(per_token: jax.Array, mask: jax.Array, agg_mode: str = "token-mean", *,
+                   norm_len: float | None = None, normalizer=None) -> jax.Array:
+  """Reduces a `[B, T]` per-token loss over `mask` (verl's modes, as AgentEvolver uses them).
+
+  token-mean: sum / number of masked tokens (`normalizer`: the global count under gradient accumulation).
+  seq-mean-token-sum: mean over sequences of each sequence's sum.
+  seq-mean-token-mean: mean over sequences of each sequence's token mean.
+  seq-mean-token-sum-norm: sum over everything / `norm_len` (default: the padded length T, as AgentEvolver;
+    pass a constant so bucketed lengths do not change the scale).
+  Sequences with no masked token count as 0 in the sequence means, and are not counted.
+  """
+  mask = mask.astype(jnp.float32)
+  if agg_mode == "token-mean":
+    return masked_mean(per_token, mask, normalizer)
+  seq_sum = jnp.sum(per_token * mask, axis=-1)
+  seq_tokens = jnp.sum(mask, axis=-1)
+  live = (seq_tokens > 0).astype(jnp.float32)
+  num_seqs = jnp.maximum(jnp.sum(live), 1.0)
+  if agg_mode == "seq-mean-token-sum":
+    return jnp.sum(seq_sum) / num_seqs
+  if agg_mode == "seq-mean-token-mean":
+    return jnp.sum(seq_sum / jnp.maximum(seq_tokens, 1.0)) / num_seqs
+  if agg_mode == "seq-mean-token-sum-norm":
+    return jnp.sum(seq_sum) / (per_token.shape[-1] if norm_len is None else norm_len)
+  raise ValueError(f"unknown agg_mode {agg_mode!r}; choose one of {AGG_MODES}")
+
+
+def _clipped_pg(ratio, advantages, clip_low, clip_high, clip_c):
+  """Per-token PPO loss with dual clip: max(-A r, -A clip(r, 1-lo, 1+hi)), capped at -clip_c A where A < 0."""
+  loss1 = -advantages * ratio
+  loss2 = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  clipped = jnp.maximum(loss1, loss2)
+  dual = jnp.minimum(clipped, -clip_c * advantages)
+  loss = jnp.where(advantages < 0, dual, clipped)
+  return loss, (loss2 > loss1).astype(jnp.float32), ((advantages < 0) & (clipped > -clip_c * advantages)).astype(
+      jnp.float32)
+
+
+def het_ppo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, response_mask: jax.Array,
+                 exp_mask: jax.Array, *, clip_low: float = 0.2, clip_high: float = 0.28, off_clip_high: float = 0.6,
+                 clip_c: float = 3.0, agg_mode: str = "token-mean", norm_len: float | None = None,
+                 normalizer=None) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """AgentEvolver's heterogeneous PPO policy loss. All arrays `[B, T]` float32 (masks 0/1, float or bool).
+
+  r = exp(clamp(logp - old_logp, -20, 20)). On-policy tokens (exp_mask 0) use the upper clip `clip_high`;
+  tokens sampled with experience in the prompt and trained without it (exp_mask 1, off-policy) use
+  `off_clip_high`. Both use `clip_low` and the dual clip `clip_c` for negative advantages. Note the argument
+  order (new, old); AgentEvolver's is (old, new).
+
+  Returns (loss, metrics): pg_loss_on / pg_loss_off (token means over each part), clipfrac (the ratio clip
+  active), clipfrac_lower (the dual clip active), approx_kl (mean of old - new log-probabilities).
+  """
+  response_mask = response_mask.astype(jnp.float32)
+  exp_mask = exp_mask.astype(jnp.float32)
+  log_ratio = jnp.clip(logp - old_logp, -20.0, 20.0)
+  ratio = jnp.exp(log_ratio)
+  loss_on, clip_on, dual_on = _clipped_pg(ratio, advantages, clip_low, clip_high, clip_c)
+  loss_off, clip_off, dual_off = _clipped_pg(ratio, advantages, clip_low, off_clip_high, clip_c)
+  per_token = exp_mask * loss_off + (1.0 - exp_mask) * loss_on
+  loss = aggregate_loss(per_token, response_mask, agg_mode, norm_len=norm_len, normalizer=normalizer)
+  on_mask, off_mask = response_mask * (1.0 - exp_mask), response_mask * exp_mask
+  clipfrac = exp_mask * clip_off + (1.0 - exp_mask) * clip_on
+  dualfrac = exp_mask * dual_off + (1.0 - exp_mask) * dual_on
+  metrics = {
+      "pg_loss": loss,
+      "pg_loss_on": masked_mean(loss_on, on_mask),
+      "pg_loss_off": masked_mean(loss_off, off_mask),
+      "clipfrac": masked_mean(clipfrac, response_mask),
+      "clipfrac_lower": masked_mean(dualfrac, response_mask),
+      "approx_kl": masked_mean(-log_ratio, response_mask),
+      "off_policy_fraction": masked_mean(exp_mask, response_mask),
+  }
+  return loss, metrics
+
+
+def ppo_loss(logp, old_logp, advantages, response_mask, *, clip_low=0.2, clip_high=0.28, clip_c=3.0,
+             agg_mode="token-mean", norm_len=None, normalizer=None):
+  """Plain (dual-clip) PPO: HET-PPO with every token on-policy."""
+  return het_ppo_loss(logp, old_logp, advantages, response_mask, jnp.zeros_like(response_mask, jnp.float32),
+                      clip_low=clip_low, clip_high=clip_high, off_clip_high=clip_high, clip_c=clip_c,
+                      agg_mode=agg_mode, norm_len=norm_len, normalizer=normalizer)
+
+
+def kl_low_var(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
+  """Per-token k3 estimator of KL(policy || reference), clamped to [-10, 10] as verl: exp(ref - logp) -
+  (ref - logp) - 1, with the log-ratio clamped to [-20, 20]."""
+  log_ratio = jnp.clip(ref_logp - logp, -20.0, 20.0)
+  return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -10.0, 10.0)
+
+
+def grpo_advantages(rewards: jax.Array, group_ids: jax.Array, num_groups: int, eps: float = 1e-6) -> jax.Array:
+  """GRPO outcome advantages: (R - group mean) / (group std + eps), std unbiased (ddof 1) as verl; a group of
+  one gets mean 0 and std 1 (so A = R), as verl. rewards `[N]`, group_ids `[N]` int in [0, num_groups)."""
+  rewards = rewards.astype(jnp.float32)
+  counts = jax.ops.segment_sum(jnp.ones_like(rewards), group_ids, num_groups)
+  sums = jax.ops.segment_sum(rewards, group_ids, num_groups)
+  means = sums / jnp.maximum(counts, 1.0)
+  sq = jax.ops.segment_sum((rewards - means[group_ids]) ** 2, group_ids, num_groups)
+  stds = jnp.sqrt(sq / jnp.maximum(counts - 1.0, 1.0))
+  single = counts[group_ids] <= 1
+  mean = jnp.where(single, 0.0, means[group_ids])
+  std = jnp.where(single, 1.0, stds[group_ids])
+  return (rewards - mean) / (std + eps)
+
+
+def dpo_loss(chosen_logp: jax.Array, rejected_logp: jax.Array, ref_chosen_logp: jax.Array,
+             ref_rejected_logp: jax.Array, *, beta: float = 0.5) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """DPO on sequence log-probabilities `[P]` (sums over each response's tokens):
+  -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))), mean over pairs."""
+  margin = (chosen_logp - ref_chosen_logp) - (rejected_logp - ref_rejected_logp)
+  loss = -jnp.mean(jax.nn.log_sigmoid(beta * margin))
+  return loss, {"dpo_loss": loss, "reward_margin": jnp.mean(beta * margin),
+                "reward_accuracy": jnp.mean((margin > 0).astype(jnp.float32))}
