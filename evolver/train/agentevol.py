@@ -1,0 +1,554 @@
+"""AgentEvol (AgentGym's self-evolution): behaviour cloning, then M rounds of explore and learn.
+
+  python -m launch.train --gin_file=gin_configs/runs/agentevol.gin --gin_bindings="MODEL_DIR='runs/agentevol'" --gin_bindings="TRAIN_STEPS=300"
+
+The paper's algorithm (not AgentGym's code, which never sampled K per instruction):
+
+  phase 0 (BC):     train the base model on the expert set D_s (expert slice of each env's `train` split).
+  phase m = 1..M:   explore: the current policy (the last step of phase m-1) samples K trajectories per
+                    instruction of the exploration slice at temperature T; the environment rewards them;
+                    identical successful trajectories (same task, same assistant texts) are kept once.
+                    learn: train **the base model again** (same base parameters, fresh optimizer state) for
+                    TRAIN_STEPS steps on D_s merged with the explored trajectories, reward-weighted
+                    (`binary_reward`: successes only, weight 1, AgentGym's filter; else weight = reward).
+  merge strategies: `expert+current` D_s + this iteration's (the paper), `accumulate` D_s + every iteration's
+                    so far (AgentGym's code), `current` this iteration's only (ablation).
+
+Every phase ends with a greedy evaluation on `val` (a fixed slice of `train` indices, disjoint from the expert and
+exploration slices) that selects the policy reported on the held-out `eval` split at the end
+(`MODEL_DIR/eval_results.json`, with the per-phase history).
+
+Checkpoints and resume. One Trainer and one orbax directory (`MODEL_DIR/checkpoints/`) serve every phase, with
+*global* step numbers: phase p's local step s is global step p * TRAIN_STEPS + s, so the checkpoints, the
+metrics rows and TensorBoard share one monotonic axis and `launch.eval`/`INIT_CHECKPOINT` see an ordinary run.
+At a phase start the Trainer's state is replaced by a fresh TrainState (base parameters, `optimizer.init`, step
+counter p * TRAIN_STEPS); the jitted step is reused, as shapes are unchanged. A checkpoint's extras record the
+phase, TRAIN_STEPS, the phase's batch-iterator position, the best val score and the per-phase history; the last
+step of a phase is always saved. On restart the latest complete checkpoint says where the run was: inside phase
+p (restore it, resume p's data iterator) or at the end of p (go on with p + 1). Each exploration is written to
+`MODEL_DIR/explore/iter_{m}.json` (AgentTraj: messages, reward, success) and `iter_{m}.npz` (the sampled token
+arrays, so learning uses the tokens the policy sampled) before phase m trains, and phase m always trains on what
+it reads back from there: a restarted run reuses a finished exploration and trains on exactly the same data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from evolver import envs as envs_lib
+from evolver.data import agenttraj
+from evolver.data import batching
+from evolver.data.tokenize import TokenizedExample, tokenize_trajectory
+from evolver.data.trajectory import Trajectory
+from evolver.models import tokenizer as tokenizer_lib
+from evolver.models.sampler import Sampler
+from evolver.rollout import Rollout, RolloutConfig, RolloutEngine, Task
+from evolver.train import checkpoints as ckpt_lib
+from evolver.train import evaluation
+from evolver.train import optimizer as optimizer_lib
+from evolver.train import state as state_lib
+from evolver.train import step as step_lib
+from evolver.train import trainer as trainer_lib
+from evolver.train.bc import print_success_table
+
+STEP_KEYS = ("input_ids", "loss_mask", "weights")
+MERGE_STRATEGIES = ("expert+current", "accumulate", "current")
+EXPLORE_SUBDIR = "explore"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Datasets: dedup, reward weights, merge (pure functions).
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class WeightedTrajectory(Trajectory):
+  """A trajectory with its reward-weighted SFT weight (the expert set's plain Trajectories weigh 1)."""
+
+  weight: float = 1.0
+
+
+def trajectory_key(trajectory: Trajectory) -> tuple:
+  """What makes two trajectories the same episode: the task and every assistant text."""
+  texts = tuple(m.content for m in trajectory.messages if m.role == "assistant")
+  return (trajectory.env, trajectory.split, trajectory.task_index, texts)
+
+
+def dedup_successes(trajectories: Sequence[Trajectory]) -> tuple[list[Trajectory], int]:
+  """Keeps the first of each group of identical successful trajectories (failures pass through untouched:
+  with K samples per task a solved easy task repeats the same episode, and duplicates would overweight it).
+
+  Returns:
+    (the trajectories in order without the duplicates, the number of duplicates removed).
+  """
+  seen: set[tuple] = set()
+  kept: list[Trajectory] = []
+  for trajectory in trajectories:
+    if trajectory.success and not trajectory.failed:
+      key = trajectory_key(trajectory)
+      if key in seen:
+        continue
+      seen.add(key)
+    kept.append(trajectory)
+  return kept, len(trajectories) - len(kept)
+
+
+def with_weight(trajectory: Trajectory, weight: float) -> WeightedTrajectory:
+  fields = {f.name: getattr(trajectory, f.name) for f in dataclasses.fields(Trajectory)}
+  return WeightedTrajectory(**fields, weight=float(weight))
+
+
+def reward_weighted(trajectories: Sequence[Trajectory], binary_reward: bool = True) -> list[WeightedTrajectory]:
+  """The trajectories that train, with their weights: with `binary_reward` the successes, weight 1
+  (AgentGym's filter); otherwise every trajectory with reward > 0, weight = reward. Failed rollouts (env
+  errors) never train."""
+  out = []
+  for trajectory in trajectories:
+    if trajectory.failed:
+      continue
+    weight = float(trajectory.success) if binary_reward else float(trajectory.reward)
+    if weight > 0:
+      out.append(with_weight(trajectory, weight))
+  return out
+
+
+def learning_sources(expert: Sequence[Trajectory], explored: Sequence[Sequence[Trajectory]], merge: str,
+                     binary_reward: bool = True) -> tuple[list[Sequence[Trajectory]], dict[str, int]]:
+  """The data of a learning phase: D_s and/or the explored trajectories, deduplicated and weighted.
+
+  Args:
+    expert: D_s (plain Trajectories; the expert's failures are left out later by the iterator's keep_fn).
+    explored: the trajectories of iterations 1..m, in order (empty for phase 0, BC on D_s alone).
+    merge: one of MERGE_STRATEGIES.
+    binary_reward: see `reward_weighted`.
+
+  Returns:
+    (sources to concatenate, {"explored_examples": how many explored trajectories train,
+     "explored_duplicates": successful duplicates removed from them}).
+  """
+  if merge not in MERGE_STRATEGIES:
+    raise ValueError(f"merge must be one of {MERGE_STRATEGIES}, got {merge!r}")
+  if not explored:
+    return [expert], {"explored_examples": 0, "explored_duplicates": 0}
+  if merge == "accumulate":
+    new = [t for iteration in explored for t in iteration]
+  else:
+    new = list(explored[-1])
+  unique, duplicates = dedup_successes(new)
+  weighted = reward_weighted(unique, binary_reward)
+  counts = {"explored_examples": len(weighted), "explored_duplicates": duplicates}
+  if merge == "current":
+    if not weighted:
+      raise ValueError(f"iteration {len(explored)} kept no trajectory (no success among {len(new)}), and merge "
+                       "'current' trains on this iteration's trajectories only: nothing to learn from. Use "
+                       "'expert+current', more samples_per_task, or a stronger BC phase")
+    return [weighted], counts
+  return [expert, weighted], counts
+
+
+def exploration_stats(trajectories: Sequence[Trajectory], binary_reward: bool = True) -> dict[str, float]:
+  """What one exploration found: success rate (avg over the K samples), tasks solved at least once, successes,
+  and how many trajectories it contributes after dedup (`kept`) and how many successes were duplicates."""
+  done = [t for t in trajectories if not t.failed]
+  tasks: dict[tuple, bool] = {}
+  for t in done:
+    key = (t.env, t.split, t.task_index)
+    tasks[key] = tasks.get(key, False) or t.success
+  unique, duplicates = dedup_successes(trajectories)
+  return {
+      "episodes": len(trajectories),
+      "failed": len(trajectories) - len(done),
+      "success": float(np.mean([t.success for t in done])) if done else 0.0,
+      "reward": float(np.mean([t.reward for t in done])) if done else 0.0,
+      "best_success": float(np.mean(list(tasks.values()))) if tasks else 0.0,
+      "successes": sum(t.success for t in done),
+      "kept": len(reward_weighted(unique, binary_reward)),
+      "duplicates": duplicates,
+  }
+
+
+def check_disjoint(slices: dict[str, tuple[int, int]]) -> None:
+  """Raises ValueError when two named [start, start + count) slices of `train` overlap."""
+  names = sorted(slices)
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      (sa, ca), (sb, cb) = slices[a], slices[b]
+      if ca > 0 and cb > 0 and sa < sb + cb and sb < sa + ca:
+        raise ValueError(f"the {a} slice [{sa}, {sa + ca}) of `train` overlaps the {b} slice [{sb}, {sb + cb})")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Exploration: roll out, save with the run, read back.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def exploration_tasks(env_names: Sequence[str], start: int, count: int) -> list[Task]:
+  """Tasks [start, start + count) of each env's `train` split; an error names an env that has fewer."""
+  tasks = []
+  for name in env_names:
+    env = envs_lib.make(name)
+    try:
+      available = env.num_tasks("train")
+    finally:
+      close = getattr(env, "close", None)
+      if close is not None:
+        close()
+    if start + count > available:
+      raise ValueError(f"the exploration slice [{start}, {start + count}) does not fit {name}'s {available} "
+                       "train tasks; lower explore_count or explore_start")
+    tasks.extend(Task(name, index, "train") for index in range(start, start + count))
+  return tasks
+
+
+def explore(sampler: Sampler, tokenizer: PreTrainedTokenizerBase, tasks: Sequence[Task],
+            config: RolloutConfig) -> list[Rollout]:
+  """K = `config.num_samples` episodes per task with the sampler's current weights, rewarded by the envs."""
+  with RolloutEngine(sampler, tokenizer) as engine:
+    return engine.run(tasks, config).trajectories
+
+
+def exploration_paths(model_dir: str, iteration: int) -> tuple[str, str]:
+  base = os.path.join(os.path.abspath(model_dir), EXPLORE_SUBDIR, f"iter_{iteration}")
+  return base + ".json", base + ".npz"
+
+
+def save_exploration(model_dir: str, iteration: int, trajectories: Sequence[Trajectory],
+                     meta: dict[str, Any]) -> str:
+  """Writes `explore/iter_{m}.npz` (token arrays, concatenated, and `meta` as JSON) then `iter_{m}.json`
+  (AgentTraj with reward/success), each atomically; the JSON file's presence marks a complete exploration."""
+  json_path, npz_path = exploration_paths(model_dir, iteration)
+  os.makedirs(os.path.dirname(json_path), exist_ok=True)
+  has_tokens = np.asarray([t.token_ids is not None for t in trajectories], bool)
+  lengths = [len(t.token_ids) if t.token_ids is not None else 0 for t in trajectories]
+
+  def concat(field: str, dtype) -> np.ndarray:
+    parts = [np.asarray(getattr(t, field), dtype) for t in trajectories if t.token_ids is not None]
+    return np.concatenate(parts) if parts else np.zeros([0], dtype)
+
+  arrays = {
+      "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+      "has_tokens": has_tokens,
+      "token_ids": concat("token_ids", np.int32),
+      "loss_mask": concat("loss_mask", np.float32),
+      "logprobs": concat("logprobs", np.float32),
+      "meta": np.asarray(json.dumps(meta)),
+  }
+  tmp = f"{npz_path}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    np.savez(f, **arrays)
+  os.replace(tmp, npz_path)
+  agenttraj.write_agenttraj(json_path, trajectories)
+  return json_path
+
+
+def load_exploration(model_dir: str, iteration: int) -> tuple[list[Trajectory], dict[str, Any]] | None:
+  """The trajectories of `save_exploration` with their token arrays and meta, or None when there is none.
+
+  An `iter_{m}.json` without its `.npz` (AgentTraj trajectories from elsewhere) loads without token arrays:
+  training then tokenizes their text.
+  """
+  json_path, npz_path = exploration_paths(model_dir, iteration)
+  if not os.path.exists(json_path):
+    return None
+  trajectories = agenttraj.read_agenttraj(json_path)
+  if not os.path.exists(npz_path):
+    return trajectories, {}
+  with np.load(npz_path) as data:
+    offsets, has_tokens = data["offsets"], data["has_tokens"]
+    if len(has_tokens) != len(trajectories):
+      raise ValueError(f"{npz_path} holds token arrays of {len(has_tokens)} trajectories but {json_path} has "
+                       f"{len(trajectories)}; delete both to explore again")
+    for index, trajectory in enumerate(trajectories):
+      if has_tokens[index]:
+        span = slice(int(offsets[index]), int(offsets[index + 1]))
+        trajectory.token_ids = data["token_ids"][span]
+        trajectory.loss_mask = data["loss_mask"][span]
+        trajectory.logprobs = data["logprobs"][span]
+    meta = json.loads(str(data["meta"]))
+  return trajectories, meta
+
+
+def explore_or_load(model_dir: str, iteration: int, sampler: Sampler, tokenizer: PreTrainedTokenizerBase,
+                    tasks: Sequence[Task], config: RolloutConfig, policy_step: int, tag: str
+                    ) -> list[Trajectory]:
+  """Reuses iteration `iteration`'s saved exploration, or explores with the sampler's weights and saves it.
+
+  Either way the trajectories are those read back from disk, so a fresh and a resumed run train on the same.
+  """
+  loaded = load_exploration(model_dir, iteration)
+  if loaded is not None:
+    trajectories, meta = loaded
+    if meta and meta.get("policy_step") != policy_step:
+      raise ValueError(f"{exploration_paths(model_dir, iteration)[0]} was explored by the policy of step "
+                       f"{meta.get('policy_step')}, but iteration {iteration} explores with step {policy_step}'s; "
+                       "it belongs to another run: delete it (and its .npz) to explore again")
+    print(f"[{tag}] iteration {iteration}: reusing the saved exploration ({len(trajectories)} trajectories)")
+    return trajectories
+  print(f"[{tag}] iteration {iteration}: exploring {len(tasks)} tasks x {config.num_samples} samples at "
+        f"temperature {config.temperature}", flush=True)
+  rollouts = explore(sampler, tokenizer, tasks, config)
+  meta = {"iteration": iteration, "policy_step": policy_step, "num_samples": config.num_samples,
+          "temperature": config.temperature, "seed": config.seed, "num_tasks": len(tasks)}
+  save_exploration(model_dir, iteration, rollouts, meta)
+  return load_exploration(model_dir, iteration)[0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Training phases.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def tokenize_weighted(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase) -> TokenizedExample:
+  return tokenize_trajectory(trajectory, tokenizer, weight=getattr(trajectory, "weight", 1.0))
+
+
+def keep_for_training(trajectory: Trajectory) -> bool:
+  """Explored trajectories were filtered by `reward_weighted`; of the expert's, successes only (as BC)."""
+  return isinstance(trajectory, WeightedTrajectory) or trajectory.success
+
+
+def reset_to_base(trainer: trainer_lib.Trainer, base: nnx.Module, optimizer: optax.GradientTransformation,
+                  seed: int, step: int) -> None:
+  """Gives the trainer a fresh TrainState: `base`'s parameters, a new optimizer state, step counter `step`."""
+  _, params = nnx.split(base)
+  state = state_lib.create_train_state(params, optimizer, seed)
+  state = state.replace(step=jnp.asarray(step, jnp.int32))
+  trainer.state = jax.device_put(state, trainer.shardings)
+
+
+def resume_position(step: int, extra: dict[str, Any], train_steps: int) -> tuple[int, int]:
+  """(phase, local step) to continue from, given the restored global step and its checkpoint extras."""
+  if not extra:
+    return 0, 0
+  if "phase" not in extra:
+    raise ValueError(f"the checkpoint at step {step} does not come from an AgentEvol run (its extras record no "
+                     "phase); use a new MODEL_DIR, or INIT_CHECKPOINT to start from it")
+  if extra.get("train_steps") != train_steps:
+    raise ValueError(f"this run's checkpoints were made with TRAIN_STEPS={extra.get('train_steps')} per phase; "
+                     f"resuming with TRAIN_STEPS={train_steps} would renumber its phases. Use the same TRAIN_STEPS "
+                     "or a new MODEL_DIR")
+  phase = int(extra["phase"])
+  local = step - phase * train_steps
+  if not 0 < local <= train_steps:
+    raise RuntimeError(f"checkpoint at step {step} says phase {phase}, outside it ({train_steps} steps per phase)")
+  return (phase + 1, 0) if local == train_steps else (phase, local)
+
+
+def phase_name(phase: int) -> str:
+  return "bc" if phase == 0 else f"iteration {phase}"
+
+
+def print_history(history: Sequence[dict[str, Any]]) -> None:
+  print(f"\n{'phase':>12}  {'val success':>11}  {'explore succ':>12}  {'kept':>5}  {'dups':>5}")
+  for h in history:
+    e = h.get("explore") or {}
+    explore_success = f"{e['success']:12.3f}" if e else f"{'-':>12}"
+    kept = f"{e['kept']:5d}" if e else f"{'-':>5}"
+    dups = f"{e['duplicates']:5d}" if e else f"{'-':>5}"
+    print(f"{phase_name(h['phase']):>12}  {h['val_success']:11.3f}  {explore_success}  {kept}  {dups}")
+
+
+@gin.configurable
+def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED, num_iterations: int = 2,
+                    envs: Sequence[str] = ("maze", "wordle", "textcraft", "babyai", "sql", "tools"),
+                    expert_start: int = 0, expert_count: int = 200, val_start: int = 200, val_count: int = 16,
+                    explore_start: int = 216, explore_count: int = 384, samples_per_task: int = 4,
+                    temperature: float = 1.0, merge: str = "expert+current", binary_reward: bool = True,
+                    batch_size: int = 8, buckets: Sequence[int] = (512, 768, 1024, 1536), seed: int = 0,
+                    eval_every: int = 0, eval_tasks: int = 0, max_new_tokens: int = 96,
+                    max_rounds: int | None = None, rollout_batch_size: int = 64, tokenizer_path: str | None = None,
+                    data_dir: str | None = None) -> dict[str, Any]:
+  """Runs (or resumes) AgentEvol. Returns the final `eval` results (empty when eval_tasks is 0).
+
+  Args:
+    model_dir: the run directory (checkpoints, metrics, explorations, results).
+    train_steps: steps of each phase (BC and every learning phase).
+    num_iterations: M, explore-and-learn iterations after BC.
+    envs: env names; expert data, exploration, val and eval tasks are per env.
+    expert_start, expert_count: the expert slice of each env's train split (D_s).
+    val_start, val_count: the val slice (model selection).
+    explore_start, explore_count: the exploration slice (instructions the agent explores on).
+    samples_per_task: K, trajectories sampled per exploration instruction.
+    temperature: T, the exploration's sampling temperature.
+    merge: what each learning phase trains on, one of MERGE_STRATEGIES.
+    binary_reward: keep successes only with weight 1; False weighs every trajectory by its reward.
+    batch_size, buckets: rows per batch and padded lengths.
+    eval_every: local steps between extra val evaluations inside a phase (0: only at each phase's end).
+    eval_tasks: held-out `eval` tasks per env for the final report (0 = skip).
+    max_new_tokens: per assistant turn, in exploration and evaluation.
+    max_rounds: assistant turns per episode in exploration and evaluation (None: each env's own limit).
+    rollout_batch_size: episodes in flight at once.
+  """
+  check_disjoint({"expert": (expert_start, expert_count), "val": (val_start, val_count),
+                  "exploration": (explore_start, explore_count)})
+  if merge not in MERGE_STRATEGIES:
+    raise ValueError(f"merge must be one of {MERGE_STRATEGIES}, got {merge!r}")
+  if val_count <= 0:
+    raise ValueError("AgentEvol selects its policy on `val`: set val_count > 0")
+  envs = list(envs)
+  tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
+  model = trainer_lib.init_policy(seed=seed)
+  if model.config.vocab_size < len(tokenizer):
+    raise ValueError(f"the model's vocabulary ({model.config.vocab_size}) is smaller than the tokenizer's "
+                     f"({len(tokenizer)})")
+  explore_tasks = exploration_tasks(envs, explore_start, explore_count) if num_iterations else []
+  optimizer = optimizer_lib.make_optimizer(train_steps)
+  trainer = trainer_lib.Trainer(model_dir, model, optimizer, step_lib.sft_loss_fn, seed=seed)
+  del model  # its arrays may be the trainer's, which the first step donates
+  trainer_lib.write_gin_config(model_dir)
+  extra = trainer.restore_latest() or {}
+  phase, local = resume_position(trainer.step, extra, train_steps)
+  best, history = extra.get("best_val"), list(extra.get("history", []))
+  from evolver.data import tfds_builders  # tensorflow_datasets only for the expert set
+  expert = tfds_builders.load_expert_source(envs, expert_start, expert_count, data_dir)
+  writer = trainer.open_metrics()
+  sampler = Sampler(trainer.policy())
+  val_indices = list(range(val_start, val_start + val_count))
+  tokenize_fn = functools.partial(tokenize_weighted, tokenizer=tokenizer)
+  total = (num_iterations + 1) * train_steps
+  print(f"[agentevol] {len(envs)} envs, {num_iterations} iterations x {train_steps} steps, merge {merge!r}; "
+        + (f"resuming at step {trainer.step} ({phase_name(phase)}, local step {local})" if trainer.step
+           else "starting"), flush=True)
+  wrote_operative = False
+
+  def validate() -> dict[str, Any]:
+    sampler.update_params(trainer.state.params)
+    return evaluation.evaluate(sampler, tokenizer, envs, split="train", indices=val_indices,
+                               max_new_tokens=max_new_tokens, max_rounds=max_rounds, batch_size=rollout_batch_size,
+                               keep_episodes=False)
+
+  explored: list[list[Trajectory]] = []
+  for p in range(phase, num_iterations + 1):
+    resuming = p == phase and local > 0
+    start = p * train_steps
+    # --- explore (iterations 1..M), with the policy as phase p-1 left it -------------------------------------
+    explore_row: dict[str, float] = {}
+    explore_summary: dict[str, Any] | None = None
+    if p > 0:
+      explored = [_load_or_fail(model_dir, m) for m in range(1, p)]
+      if resuming:  # explored before this phase trained; the current weights are not the explorer's
+        current = _load_or_fail(model_dir, p)
+      else:
+        trainer.checkpointer.wait()  # phase p-1's last checkpoint is complete before its exploration is kept
+        sampler.update_params(trainer.state.params)
+        config = RolloutConfig(max_new_tokens=max_new_tokens, temperature=temperature, max_rounds=max_rounds,
+                               num_samples=samples_per_task, batch_size=rollout_batch_size, seed=seed * 1000 + p)
+        current = explore_or_load(model_dir, p, sampler, tokenizer, explore_tasks, config, policy_step=start,
+                                  tag="agentevol")
+      explored.append(current)
+      explore_summary = exploration_stats(current, binary_reward)
+      explore_row = {f"explore/{k}": float(v) for k, v in explore_summary.items()}
+      print(f"[agentevol] iteration {p}: exploration success {explore_summary['success']:.3f} (best@"
+            f"{samples_per_task} {explore_summary['best_success']:.3f}), {explore_summary['kept']} kept, "
+            f"{explore_summary['duplicates']} duplicate successes dropped", flush=True)
+    # --- learn: from the base model, on the merged data -------------------------------------------------------
+    sources, counts = learning_sources(expert, explored, merge, binary_reward)
+    data = batching.BatchIterator(batching.ConcatSource(*sources), tokenize_fn, batch_size=batch_size,
+                                  pad_id=batching.pad_id_of(tokenizer), buckets=tuple(buckets), seed=seed + p,
+                                  keep_fn=keep_for_training)
+    start_norm = None
+    if resuming:
+      data.set_state(extra["data"])
+    else:
+      if p > 0:
+        reset_to_base(trainer, trainer_lib.init_policy(seed=seed), optimizer, seed, start)
+      start_norm = float(optax.tree.norm(trainer.state.params))
+    print(f"[agentevol] {phase_name(p)}: {data.num_examples} examples ({counts['explored_examples']} explored, "
+          f"{data.num_dropped} too long), steps {start + 1}-{start + train_steps}", flush=True)
+    bar = tqdm(total=train_steps, initial=trainer.step - start, desc=phase_name(p), unit="step",
+               dynamic_ncols=True)
+    try:
+      while trainer.step < start + train_steps:
+        batch = next(data)
+        metrics = trainer.train_step({k: batch[k] for k in STEP_KEYS})
+        step = trainer.step
+        local_step = step - start
+        if not wrote_operative:
+          trainer_lib.write_gin_config(model_dir, "operative_config.gin", operative=True)
+          wrote_operative = True
+        row = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        row.update(phase=p, phase_step=local_step, epoch=data.epoch, dropped_too_long=data.num_dropped)
+        if local_step == 1:
+          row.update(explore_row, start_param_norm=start_norm, train_examples=data.num_examples, **counts)
+        phase_end = local_step == train_steps
+        if phase_end or (eval_every and local_step % eval_every == 0):
+          results = validate()
+          row.update(evaluation.flatten_metrics(results, "val"))
+          score = results["overall"]["success"]
+          if best is None or score > best:
+            best = score
+            trainer.save_best(score, {"step": step, "phase": p})
+          row["val/best_success"] = best
+          if phase_end:
+            history.append({"phase": p, "step": step, "val_success": score,
+                            "val": {name: r["success"] for name, r in results["envs"].items()},
+                            "explore": explore_summary, **counts})
+        if local_step == 1 or step % trainer.config.log_every == 0 or phase_end:
+          writer.write(step, row)
+        if local_step % trainer.config.checkpoint_every == 0 or phase_end:
+          trainer.save({"phase": p, "train_steps": train_steps, "data": data.get_state(), "best_val": best,
+                        "history": history})
+        bar.update(1)
+        bar.set_postfix(loss=f"{row['loss']:.3f}")
+    finally:
+      bar.close()
+    local = 0
+  trainer.checkpointer.wait()
+  if history:
+    print_history(history)
+  results: dict[str, Any] = {}
+  if eval_tasks:
+    results = evaluate_selected(model_dir, trainer, sampler, tokenizer, envs, eval_tasks,
+                                max_new_tokens=max_new_tokens, max_rounds=max_rounds,
+                                batch_size=rollout_batch_size)
+    policy_step = results["policy_step"]
+    results.update(policy_phase=(policy_step - 1) // train_steps if policy_step else 0, merge=merge,
+                   num_iterations=num_iterations, phases=history)
+    evaluation.write_eval_results(os.path.join(model_dir, "eval_results.json"), results)
+    writer.write(trainer.step, evaluation.flatten_metrics(results, "eval"))
+    print_success_table(results)
+  trainer.close()
+  return results
+
+
+def evaluate_selected(model_dir: str, trainer: trainer_lib.Trainer, sampler: Sampler,
+                      tokenizer: PreTrainedTokenizerBase, envs: Sequence[str], eval_tasks: int,
+                      **eval_kwargs: Any) -> dict[str, Any]:
+  """The held-out `eval` figures of the policy selected on `val` (`MODEL_DIR/best`), else of the last one.
+
+  The selected weights go into the run's sampler (placed like the trainer's), so its compiled programs are
+  reused.
+  """
+  if os.path.isdir(ckpt_lib.checkpoint_dir(model_dir, ckpt_lib.BEST_SUBDIR)):
+    policy, policy_step = ckpt_lib.restore_model(model_dir, best=True)
+    placement = jax.tree.map(lambda x: x.sharding, trainer.state.params)
+    sampler.update_params(jax.device_put(nnx.split(policy)[1], placement))
+    selected_on = "val"
+  else:
+    sampler.update_params(trainer.state.params)
+    policy_step, selected_on = trainer.step, "last step"
+  results = evaluation.evaluate(sampler, tokenizer, envs, split="eval", num_tasks=eval_tasks, **eval_kwargs)
+  results.update(policy_step=policy_step, selected_on=selected_on)
+  return results
+
+
+def _load_or_fail(model_dir: str, iteration: int) -> list[Trajectory]:
+  loaded = load_exploration(model_dir, iteration)
+  if loaded is None:
+    raise FileNotFoundError(f"the exploration of finished iteration {iteration} is missing "
+                            f"({exploration_paths(model_dir, iteration)[0]}); the run cannot rebuild its data")
+  return loaded[0]
