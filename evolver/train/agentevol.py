@@ -442,6 +442,7 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
       explored = [_load_or_fail(model_dir, m) for m in range(1, p)]
       if resuming:  # explored before this phase trained; the current weights are not the explorer's
         current = _load_or_fail(model_dir, p)
+        print(f"[agentevol] iteration {p}: reusing the saved exploration ({len(current)} trajectories)")
       else:
         trainer.checkpointer.wait()  # phase p-1's last checkpoint is complete before its exploration is kept
         sampler.update_params(trainer.state.params)

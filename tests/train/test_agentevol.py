@@ -1,0 +1,251 @@
+"""AgentEvol: dedup, reward weights and merge strategies on hand-made trajectories; the saved exploration; and
+`launch.train` with runs/agentevol.gin end to end (global steps, every phase from the base model, kill + restart
+inside a phase with the exploration reused).
+
+  python -m pytest tests/train/test_agentevol.py -q
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from evolver.data.trajectory import Message, Trajectory
+from evolver.models.decoder import make_model
+from evolver.train import agentevol
+from evolver.train import checkpoints as ckpt_lib
+from evolver.train import metrics as metrics_lib
+from evolver.train.trainer import KILL_DURING_SAVE_ENV
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN_STEPS = 4
+ITERATIONS = 2
+SMALL_MODEL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelConfig.intermediate_size = 128"]
+# A small model, two envs, tiny slices and short episodes: every run here takes seconds.
+SMALL = SMALL_MODEL + [
+    "train_agentevol.envs = ['sql', 'wordle']", "train_agentevol.expert_count = 16",
+    "train_agentevol.val_start = 100", "train_agentevol.val_count = 1", "train_agentevol.explore_start = 110",
+    "train_agentevol.explore_count = 2", "train_agentevol.samples_per_task = 2",
+    f"train_agentevol.num_iterations = {ITERATIONS}", "train_agentevol.batch_size = 4",
+    "train_agentevol.buckets = (512,)", "train_agentevol.max_new_tokens = 16", "train_agentevol.max_rounds = 2",
+    "train_agentevol.eval_tasks = 1", "TrainerConfig.checkpoint_every = 2", "make_optimizer.learning_rate = 1e-2",
+    "make_optimizer.warmup_steps = 2",
+]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pure functions on hand-made trajectories.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def traj(task, actions, success=False, reward=None, env="maze", failed=False):
+  messages = [Message("user", "instruction"), Message("assistant", "Ok."), Message("user", "observation")]
+  for action in actions:
+    messages += [Message("assistant", f"Thought: go.\nAction: {action}"), Message("user", "moved")]
+  reward = (1.0 if success else 0.0) if reward is None else reward
+  return Trajectory(item_id=f"{env}_{task}", messages=messages, env=env, task_index=task, split="train",
+                    reward=reward, success=success, failed=failed)
+
+
+EXPERT = [traj(0, ["a"], True), traj(1, ["b"], True), traj(2, ["c"], True)]
+ITER_1 = [traj(5, ["x", "y"], True), traj(5, ["x", "y"], True),      # a success sampled twice
+          traj(5, ["z"], True, reward=0.8),                           # another success (babyai-like reward)
+          traj(5, ["w"], False, reward=0.5),                          # a partial failure
+          traj(6, ["q"], False), traj(6, ["x", "y"], True, failed=True)]  # an env error never trains
+ITER_2 = [traj(6, ["r"], True), traj(5, ["x", "y"], True)]            # new; a repeat of iteration 1's
+
+
+def test_dedup_keeps_first_of_identical_successes_only():
+  kept, duplicates = agentevol.dedup_successes(ITER_1 + [traj(6, ["q"], False)])
+  assert duplicates == 1
+  assert kept[0] is ITER_1[0] and all(t is not ITER_1[1] for t in kept)
+  assert sum(not t.success for t in kept) == 3  # identical failures are not deduplicated
+  # Same texts on another task or env are different trajectories.
+  assert agentevol.dedup_successes([traj(5, ["x"], True), traj(7, ["x"], True),
+                                    traj(5, ["x"], True, env="sql")])[1] == 0
+
+
+def test_reward_weights_binary_and_graded():
+  binary = agentevol.reward_weighted(ITER_1)
+  assert [(t.task_index, t.weight) for t in binary] == [(5, 1.0), (5, 1.0), (5, 1.0)]
+  graded = agentevol.reward_weighted(ITER_1, binary_reward=False)
+  assert [t.weight for t in graded] == [1.0, 1.0, 0.8, 0.5]
+  assert all(isinstance(t, agentevol.WeightedTrajectory) and not t.failed for t in graded)
+
+
+@pytest.mark.parametrize("merge, explored, expected_new, expected_dups", [
+    ("expert+current", [ITER_1], 2, 1),           # 3 successes, one a duplicate
+    ("expert+current", [ITER_1, ITER_2], 2, 0),   # iteration 2's own two successes
+    ("accumulate", [ITER_1, ITER_2], 3, 2),       # 5 successes across iterations, 2 duplicates
+    ("current", [ITER_1, ITER_2], 2, 0),
+])
+def test_merge_strategies_sizes(merge, explored, expected_new, expected_dups):
+  sources, counts = agentevol.learning_sources(EXPERT, explored, merge)
+  assert counts == {"explored_examples": expected_new, "explored_duplicates": expected_dups}
+  has_expert = merge != "current"
+  assert len(sources) == (2 if has_expert else 1)
+  if has_expert:
+    assert sources[0] is EXPERT
+  assert len(sources[-1]) == expected_new
+
+
+def test_bc_phase_is_the_expert_set_and_current_needs_data():
+  for merge in agentevol.MERGE_STRATEGIES:
+    assert agentevol.learning_sources(EXPERT, [], merge)[0] == [EXPERT]
+  with pytest.raises(ValueError, match="nothing to learn"):
+    agentevol.learning_sources(EXPERT, [[traj(5, ["x"], False)]], "current")
+  with pytest.raises(ValueError, match="merge must be one of"):
+    agentevol.learning_sources(EXPERT, [ITER_1], "everything")
+
+
+def test_merged_batches_carry_the_weights():
+  from evolver.data import batching
+  from evolver.models.tokenizer import load_tokenizer
+  tokenizer = load_tokenizer()
+  sources, _ = agentevol.learning_sources(EXPERT + [traj(3, ["d"], False)], [ITER_1], "expert+current",
+                                          binary_reward=False)
+  it = batching.BatchIterator(batching.ConcatSource(*sources),
+                              lambda t: agentevol.tokenize_weighted(t, tokenizer), batch_size=16,
+                              pad_id=batching.pad_id_of(tokenizer), buckets=(512,), shuffle=False,
+                              keep_fn=agentevol.keep_for_training)
+  assert (it.num_examples, it.num_filtered) == (3 + 3, 1)  # the expert's failure is left out, as in BC
+  weights = next(it)["weights"]
+  np.testing.assert_allclose(sorted(weights[weights > 0]), [0.5, 0.8, 1.0, 1.0, 1.0, 1.0])
+
+
+def test_exploration_stats():
+  stats = agentevol.exploration_stats(ITER_1)
+  assert stats["episodes"] == 6 and stats["failed"] == 1
+  assert stats["success"] == pytest.approx(3 / 5) and stats["best_success"] == pytest.approx(1 / 2)
+  assert (stats["kept"], stats["duplicates"]) == (2, 1)
+
+
+def test_slices_must_be_disjoint():
+  agentevol.check_disjoint({"expert": (0, 10), "val": (10, 5), "exploration": (15, 100)})
+  with pytest.raises(ValueError, match="overlaps"):
+    agentevol.check_disjoint({"expert": (0, 10), "val": (10, 5), "exploration": (12, 100)})
+
+
+def test_resume_position():
+  assert agentevol.resume_position(0, {}, 4) == (0, 0)
+  assert agentevol.resume_position(6, {"phase": 1, "train_steps": 4}, 4) == (1, 2)
+  assert agentevol.resume_position(8, {"phase": 1, "train_steps": 4}, 4) == (2, 0)  # phase 1 finished
+  with pytest.raises(ValueError, match="TRAIN_STEPS"):
+    agentevol.resume_position(8, {"phase": 1, "train_steps": 5}, 4)
+  with pytest.raises(ValueError, match="not come from an AgentEvol run"):
+    agentevol.resume_position(8, {"data": {}}, 4)
+
+
+def test_saved_exploration_round_trip(tmp_path):
+  rolled = [traj(5, ["x"], True), traj(5, ["y"], False, reward=0.25), traj(6, [], False, failed=True)]
+  for i, t in enumerate(rolled[:2]):
+    t.token_ids = np.arange(5 + i, dtype=np.int32)
+    t.loss_mask = (np.arange(5 + i) % 2).astype(np.float32)
+    t.logprobs = -np.linspace(0, 1, 5 + i).astype(np.float32)
+  meta = {"iteration": 1, "policy_step": 4}
+  agentevol.save_exploration(str(tmp_path), 1, rolled, meta)
+  loaded, loaded_meta = agentevol.load_exploration(str(tmp_path), 1)
+  assert loaded_meta == meta and agentevol.load_exploration(str(tmp_path), 2) is None
+  for a, b in zip(rolled, loaded):
+    assert (a.item_id, a.reward, a.success, a.failed) == (b.item_id, b.reward, b.success, b.failed)
+    assert agentevol.trajectory_key(a) == agentevol.trajectory_key(b)
+  for field in ("token_ids", "loss_mask", "logprobs"):
+    for a, b in zip(rolled[:2], loaded[:2]):
+      np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+  assert loaded[2].token_ids is None
+  # An AgentTraj file without token arrays (from elsewhere) loads too; training tokenizes its text.
+  os.remove(agentevol.exploration_paths(str(tmp_path), 1)[1])
+  loaded, loaded_meta = agentevol.load_exploration(str(tmp_path), 1)
+  assert loaded_meta == {} and all(t.token_ids is None for t in loaded)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# launch.train end to end.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def train(model_dir, *extra_bindings, env=None, check=True):
+  bindings = [f"MODEL_DIR = '{model_dir}'", f"TRAIN_STEPS = {TRAIN_STEPS}", *SMALL, *extra_bindings]
+  cmd = [sys.executable, "-m", "launch.train", "--gin_file=gin_configs/runs/agentevol.gin"]
+  cmd += [f"--gin_bindings={b}" for b in bindings]
+  run_env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(run_env, **(env or {})),
+                        timeout=600)
+  if check and proc.returncode != 0:
+    raise AssertionError(f"launch.train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+  return proc
+
+
+def train_rows(model_dir):
+  rows = [r for r in metrics_lib.read_metrics(str(model_dir)) if "loss" in r]
+  steps = [r["step"] for r in rows]
+  assert len(steps) == len(set(steps)), f"a step was logged twice: {steps}"
+  return {r["step"]: r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  model_dir = tmp_path_factory.mktemp("agentevol") / "run"
+  proc = train(model_dir)
+  return model_dir, proc
+
+
+def test_agentevol_runs_all_phases_with_global_steps(uninterrupted):
+  model_dir, proc = uninterrupted
+  rows = train_rows(model_dir)
+  total = (ITERATIONS + 1) * TRAIN_STEPS
+  assert sorted(rows) == list(range(1, total + 1))
+  for step, row in rows.items():
+    assert row["phase"] == (step - 1) // TRAIN_STEPS and row["phase_step"] == (step - 1) % TRAIN_STEPS + 1
+  phase_ends = [TRAIN_STEPS * (p + 1) for p in range(ITERATIONS + 1)]
+  assert [s for s, r in rows.items() if "val/overall/success" in r] == phase_ends
+  for m in range(1, ITERATIONS + 1):
+    first = rows[m * TRAIN_STEPS + 1]
+    assert first["explore/episodes"] == 2 * 2 * 2  # envs x tasks x K
+    assert "explore/success" in first and "explore/kept" in first
+    json_path, npz_path = agentevol.exploration_paths(str(model_dir), m)
+    assert os.path.exists(json_path) and os.path.exists(npz_path)
+  assert ckpt_lib.Checkpointer(str(model_dir), async_save=False).latest_step() == total
+  assert os.path.isdir(ckpt_lib.checkpoint_dir(str(model_dir), ckpt_lib.BEST_SUBDIR))
+  results = (model_dir / "eval_results.json").read_text()
+  assert '"phases"' in results and '"policy_step"' in results
+  assert "iteration 2" in proc.stdout and "overall" in proc.stdout
+
+
+def test_every_learning_phase_starts_from_the_base_model(uninterrupted):
+  model_dir, _ = uninterrupted
+  rows = train_rows(model_dir)
+  config = ckpt_lib.restore_model(str(model_dir))[0].config  # the run's architecture, as its checkpoints say
+  assert config.hidden_size == 64
+  base = make_model(config, seed=0)  # the base model: a fresh init by SEED
+  base_norm = float(optax.tree.norm(nnx.split(base)[1]))
+  for p in range(ITERATIONS + 1):
+    assert rows[p * TRAIN_STEPS + 1]["start_param_norm"] == pytest.approx(base_norm, rel=1e-6), p
+  for p in range(ITERATIONS):
+    # Training moved the weights, so continuing from the previous phase would start elsewhere.
+    assert abs(rows[(p + 1) * TRAIN_STEPS]["param_norm"] - base_norm) > 1e-3 * base_norm
+
+
+def test_kill_and_restart_resumes_inside_the_phase(uninterrupted, tmp_path):
+  reference_dir, _ = uninterrupted
+  model_dir = tmp_path / "killed"
+  kill_at = TRAIN_STEPS + 3  # phase 1 (iteration 1), local step 3, saving every step
+  proc = train(model_dir, "TrainerConfig.checkpoint_every = 1", env={KILL_DURING_SAVE_ENV: str(kill_at)},
+               check=False)
+  assert proc.returncode == -9, proc.stderr[-2000:]
+  complete = max(ckpt_lib.Checkpointer(str(model_dir), async_save=False).all_steps())
+  assert complete in (kill_at - 1, kill_at)  # inside phase 1 either way
+  explored = agentevol.exploration_paths(str(model_dir), 1)[0]
+  mtime = os.stat(explored).st_mtime_ns
+  proc = train(model_dir, "TrainerConfig.checkpoint_every = 1")
+  assert f"resuming at step {complete} (iteration 1, local step {complete - TRAIN_STEPS})" in proc.stdout
+  assert "iteration 1: reusing the saved exploration" in proc.stdout
+  assert os.stat(explored).st_mtime_ns == mtime
+  resumed, reference = train_rows(model_dir), train_rows(reference_dir)
+  assert sorted(resumed) == sorted(reference)
+  for step in sorted(reference):
+    assert resumed[step]["loss"] == pytest.approx(reference[step]["loss"], rel=1e-5, abs=1e-6), step
