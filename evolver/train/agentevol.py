@@ -330,6 +330,15 @@ def reset_to_base(trainer: trainer_lib.Trainer, base: nnx.Module, optimizer: opt
   trainer.state = jax.device_put(state, trainer.shardings)
 
 
+def save_best(trainer: trainer_lib.Trainer, score: float, extra: dict[str, Any]) -> None:
+  """`trainer.save_best`, unless this step's best policy is already saved: a run killed while its regular
+  checkpoint of that step was in flight kept the (synchronous) best save, and the restarted run, recomputing the
+  same step, would make orbax refuse to save the step again."""
+  if os.path.isdir(os.path.join(ckpt_lib.checkpoint_dir(trainer.model_dir, ckpt_lib.BEST_SUBDIR), str(trainer.step))):
+    return
+  trainer.save_best(score, extra)
+
+
 def resume_position(step: int, extra: dict[str, Any], train_steps: int) -> tuple[int, int]:
   """(phase, local step) to continue from, given the restored global step and its checkpoint extras."""
   if not extra:
@@ -419,7 +428,6 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
   sampler = Sampler(trainer.policy())
   val_indices = list(range(val_start, val_start + val_count))
   tokenize_fn = functools.partial(tokenize_weighted, tokenizer=tokenizer)
-  total = (num_iterations + 1) * train_steps
   print(f"[agentevol] {len(envs)} envs, {num_iterations} iterations x {train_steps} steps, merge {merge!r}; "
         + (f"resuming at step {trainer.step} ({phase_name(phase)}, local step {local})" if trainer.step
            else "starting"), flush=True)
@@ -492,7 +500,7 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
           score = results["overall"]["success"]
           if best is None or score > best:
             best = score
-            trainer.save_best(score, {"step": step, "phase": p})
+            save_best(trainer, score, {"step": step, "phase": p})
           row["val/best_success"] = best
           if phase_end:
             history.append({"phase": p, "step": step, "val_success": score,

@@ -321,7 +321,7 @@ def train_dpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
         score = results["overall"]["success"]
         if best is None or score > best:
           best = score
-          trainer.save_best(score, {"step": step})
+          agentevol.save_best(trainer, score, {"step": step})
         row["val/best_success"] = best
       if step == 1 or step % trainer.config.log_every == 0 or step == train_steps:
         writer.write(step, row)

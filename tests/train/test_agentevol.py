@@ -233,15 +233,25 @@ def test_every_learning_phase_starts_from_the_base_model(uninterrupted):
 def test_kill_and_restart_resumes_inside_the_phase(uninterrupted, tmp_path):
   reference_dir, _ = uninterrupted
   model_dir = tmp_path / "killed"
-  kill_at = TRAIN_STEPS + 3  # phase 1 (iteration 1), local step 3, saving every step
-  proc = train(model_dir, "TrainerConfig.checkpoint_every = 1", env={KILL_DURING_SAVE_ENV: str(kill_at)},
-               check=False)
-  assert proc.returncode == -9, proc.stderr[-2000:]
-  complete = max(ckpt_lib.Checkpointer(str(model_dir), async_save=False).all_steps())
-  assert complete in (kill_at - 1, kill_at)  # inside phase 1 either way
+  every_step = "TrainerConfig.checkpoint_every = 1"
+
+  def killed_at(step):
+    proc = train(model_dir, every_step, env={KILL_DURING_SAVE_ENV: str(step)}, check=False)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    complete = max(ckpt_lib.Checkpointer(str(model_dir), async_save=False).all_steps())
+    assert complete in (step - 1, step)
+    return proc, complete
+
+  # Killed while saving BC's last step, after that step's best-on-val policy was saved: the restart redoes
+  # the step and must not trip over the best checkpoint that already exists.
+  _, first = killed_at(TRAIN_STEPS)
+  # Killed again inside iteration 1 (local step 3), after its exploration.
+  proc, complete = killed_at(TRAIN_STEPS + 3)
+  where = "bc, local step 3" if first == TRAIN_STEPS - 1 else "iteration 1, local step 0"
+  assert f"resuming at step {first} ({where})" in proc.stdout
   explored = agentevol.exploration_paths(str(model_dir), 1)[0]
   mtime = os.stat(explored).st_mtime_ns
-  proc = train(model_dir, "TrainerConfig.checkpoint_every = 1")
+  proc = train(model_dir, every_step)
   assert f"resuming at step {complete} (iteration 1, local step {complete - TRAIN_STEPS})" in proc.stdout
   assert "iteration 1: reusing the saved exploration" in proc.stdout
   assert os.stat(explored).st_mtime_ns == mtime
