@@ -362,13 +362,16 @@ def phase_name(phase: int) -> str:
 
 
 def print_history(history: Sequence[dict[str, Any]]) -> None:
-  print(f"\n{'phase':>12}  {'val success':>11}  {'explore succ':>12}  {'kept':>5}  {'dups':>5}")
+  """Per phase: val success per env and overall, and what its exploration found."""
+  names = list(history[0]["val"]) if history else []
+  print("\nval success by phase")
+  print(f"{'phase':>12}  " + "  ".join(f"{n:>9}" for n in names)
+        + f"  {'overall':>8}  {'explore':>8}  {'kept':>5}  {'dups':>5}")
   for h in history:
     e = h.get("explore") or {}
-    explore_success = f"{e['success']:12.3f}" if e else f"{'-':>12}"
-    kept = f"{e['kept']:5d}" if e else f"{'-':>5}"
-    dups = f"{e['duplicates']:5d}" if e else f"{'-':>5}"
-    print(f"{phase_name(h['phase']):>12}  {h['val_success']:11.3f}  {explore_success}  {kept}  {dups}")
+    explored = f"{e['success']:8.3f}  {e['kept']:5d}  {e['duplicates']:5d}" if e else f"{'-':>8}  {'-':>5}  {'-':>5}"
+    print(f"{phase_name(h['phase']):>12}  " + "  ".join(f"{h['val'].get(n, 0.0):9.3f}" for n in names)
+          + f"  {h['val_success']:8.3f}  {explored}")
 
 
 @gin.configurable
