@@ -170,7 +170,18 @@ class Sampler:
   """
 
   def __init__(self, model: Decoder, *, cache_bucket: int = 64, chunk_bucket: int = 16,
-               max_length: int | None = None):
+               max_length: int | None = None, prefill_piece: int = 256):
+    """
+    Args:
+      cache_bucket: the cache grows in steps of this many slots (attention cost follows the capacity).
+      chunk_bucket: new-token chunks are padded to a multiple of this (few prefill programs).
+      max_length: the most slots a row's cache may use (default: the model's max positions).
+      prefill_piece: chunks longer than this are prefilled this many tokens at a time, so a long history
+        never materialises `[B, heads, chunk, capacity]` attention scores at once.
+    """
+    if prefill_piece % chunk_bucket:
+      raise ValueError(f"prefill_piece ({prefill_piece}) must be a multiple of chunk_bucket ({chunk_bucket})")
+    self.prefill_piece = prefill_piece
     self.graphdef, self.params = nnx.split(model)
     self.config = model.config
     self.cache_bucket = cache_bucket
@@ -178,6 +189,7 @@ class Sampler:
     self.max_length = max_length or model.config.max_position_embeddings
     self._prefill = jax.jit(self._prefill_impl, static_argnames=("static",), donate_argnums=(1,))
     self._decode = jax.jit(self._decode_impl, static_argnames=("static",), donate_argnums=(1,))
+    self._extend = jax.jit(self._extend_impl, donate_argnums=(1,))
     self._grow = jax.jit(grow_cache, static_argnums=(1,))
     self._select = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x if x.ndim == 0 else x[idx], tree))
 
@@ -199,6 +211,11 @@ class Sampler:
     done = done | jnp.isin(token, knobs.stop_ids)
     return _LoopState(cache=cache, last_token=token, done=done, tokens=tokens, logprobs=logprobs,
                       step=jnp.ones((), jnp.int32), rng=rng)
+
+  def _extend_impl(self, params, cache, chunk, chunk_valid):
+    """Appends a chunk to the cache without sampling (the leading pieces of a long prefill)."""
+    _, cache = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, cache)
+    return cache
 
   def _decode_impl(self, params, state: _LoopState, knobs: _Knobs, static: _Static):
     model = nnx.merge(self.graphdef, params)
@@ -247,6 +264,8 @@ class Sampler:
               for i, seq in enumerate(new_tokens)]
     longest = max(len(c) for c in chunks)
     chunk_len = _round_up(longest, self.chunk_bucket)
+    if chunk_len > self.prefill_piece:
+      chunk_len = _round_up(chunk_len, self.prefill_piece)
     chunk = np.zeros((batch, chunk_len), np.int32)
     chunk_valid = np.zeros((batch, chunk_len), bool)
     for i, c in enumerate(chunks):
@@ -270,8 +289,13 @@ class Sampler:
     rng = jax.random.PRNGKey(seed) if isinstance(seed, int) else seed
     num_new = sampling.max_new_tokens
     static, knobs = _split_params(sampling)
-    state = self._prefill(self.params, cache, jnp.asarray(chunk), jnp.asarray(chunk_valid), jnp.asarray(row_live),
-                          rng, knobs, static=static)
+    # Long chunks: all pieces but the last only fill the cache; the last samples the first token.
+    last = max(0, chunk_len - self.prefill_piece)
+    for begin in range(0, last, self.prefill_piece):
+      piece = slice(begin, begin + self.prefill_piece)
+      cache = self._extend(self.params, cache, jnp.asarray(chunk[:, piece]), jnp.asarray(chunk_valid[:, piece]))
+    state = self._prefill(self.params, cache, jnp.asarray(chunk[:, last:]), jnp.asarray(chunk_valid[:, last:]),
+                          jnp.asarray(row_live), rng, knobs, static=static)
     while True:
       state = self._decode(self.params, state, knobs, static=static)
       step, all_done = int(state.step), bool(jnp.all(state.done))

@@ -21,6 +21,8 @@ from evolver.rl import losses
 from evolver.train.state import TrainState
 
 Batch = Mapping[str, jax.Array]
+# Loss-function metrics divided by the whole batch's `normalizer`: summed over microbatches, not averaged.
+ADDITIVE_METRICS = frozenset({"nll", "pg_loss", "kl_ref", "entropy"})
 LossFn = Callable[[Decoder, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
 
 
@@ -75,8 +77,10 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef, loss_
     zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
     (grads, loss, metrics), _ = jax.lax.scan(accumulate, (zero_grads, jnp.zeros((), jnp.float32), zero_metrics),
                                              micro)
-    # Metrics that are means per microbatch become means over microbatches; counts stay sums.
-    metrics = {k: (v if k.startswith("num_") else v / num_microbatches) for k, v in metrics.items()}
+    # Metrics normalised by the global `normalizer` (and counts) add up across microbatches; the rest are
+    # per-microbatch means (e.g. clip fractions) and are averaged.
+    metrics = {k: (v if k.startswith("num_") or k in ADDITIVE_METRICS else v / num_microbatches)
+               for k, v in metrics.items()}
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(params))

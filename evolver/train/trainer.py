@@ -138,6 +138,8 @@ class Trainer:
     previous = extra.get("previous_best")
     if previous is not None and score <= previous:
       return False
+    if self.step in self._best.all_steps():
+      return False  # A resumed run recomputing a step whose best policy was already kept.
     extra = dict(extra, model_config=ckpt_lib.model_config_to_json(self.model_config), score=score)
     self._best.save(self.step, self.state.params, None, extra, force=True)
     return True

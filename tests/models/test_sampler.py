@@ -146,6 +146,20 @@ def test_cache_continuation_equals_fresh_prefill(model, sampler):
     assert_logprobs_match(model, history, third.tokens[j], third.logprobs[j])
 
 
+def test_long_prompts_prefill_in_pieces(model):
+  pieces = Sampler(model, cache_bucket=16, chunk_bucket=4, max_length=128, prefill_piece=8)
+  prompts = [list(range(1, 30)), [7, 8, 9]]
+  params = SamplingParams(max_new_tokens=6, temperature=0.0)
+  out = pieces.generate(prompts, params)
+  for prompt, tokens, logprobs in zip(prompts, out.tokens, out.logprobs):
+    ref_tokens, ref_logprobs = greedy_reference(model, prompt, 6)
+    assert tokens == ref_tokens
+    np.testing.assert_allclose(logprobs, ref_logprobs, atol=1e-4)
+  second = pieces.generate([list(range(30, 50)), [3]], params, session=out.session)
+  history = prompts[0] + out.tokens[0] + list(range(30, 50))
+  assert second.tokens[0] == greedy_reference(model, history, 6)[0]
+
+
 def test_cache_grows_past_several_buckets(model, sampler):
   out = sampler.generate([PROMPTS[1]], SamplingParams(max_new_tokens=50, temperature=0.0))
   ref_tokens, ref_logprobs = greedy_reference(model, PROMPTS[1], 50)

@@ -105,6 +105,7 @@ def test_microbatches_equal_full_batch():
   for a, b in zip(full_hist, micro_hist):
     np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5)
     np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4)
+    np.testing.assert_allclose(b["nll"], a["nll"], rtol=1e-5)
     assert b["num_tokens"] == a["num_tokens"]
   for p1, p2 in zip(jax.tree.leaves(full_state.params), jax.tree.leaves(micro_state.params)):
     np.testing.assert_allclose(np.asarray(p2), np.asarray(p1), atol=1e-4)
