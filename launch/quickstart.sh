@@ -5,5 +5,6 @@ set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/setup_venv.sh"
 MODEL_DIR="${1:-runs/quickstart}"
 start=$(date +%s)
-python -m launch.train --gin_file=gin_configs/quickstart.gin --gin_bindings="MODEL_DIR='${MODEL_DIR}'"
+python -m launch.train --gin_file=gin_configs/runs/agentevol.gin --gin_file=gin_configs/quickstart.gin \
+  --gin_bindings="MODEL_DIR='${MODEL_DIR}'"
 echo "[quickstart] done in $(( $(date +%s) - start )) s; results in ${MODEL_DIR}/eval_results.json"
