@@ -191,7 +191,7 @@ def _normalise(action: str) -> str:
 
 class TextCraftEnv(base.TextEnv):
   name = "textcraft"
-  version = "textcraft-v1"
+  version = "textcraft-v2"  # v2: the expert splits gets above 64
   max_rounds = 20
 
   def __init__(self):
@@ -275,8 +275,9 @@ class TextCraftEnv(base.TextEnv):
       return base.react_turn("I already have the goal item.", "inventory")
     kind, item, n = plan[0]
     if kind == "get":
+      # One `get` takes at most 64; larger needs take several turns.
       return base.react_turn(f"To craft {self._task.goal} I still need {n} {item}, a raw material.",
-                             f"get {n} {item}")
+                             f"get {min(n, 64)} {item}")
     recipe = self._task.recipe_for(item)
     reason = "the goal" if item == self._task.goal else f"needed for {self._task.goal}"
     return base.react_turn(f"I have the ingredients for {item}, {reason}.", recipe.command(n))

@@ -107,3 +107,15 @@ def test_tools_reward_is_the_fraction_of_subgoals_met():
   env.reset(index)
   observation, reward, done, info = env.step('Action: finish\nAction Input: {"answer": "no idea"}')
   assert done and not info["success"] and reward < 1.0
+
+
+def test_textcraft_expert_splits_large_gets():
+  # Tasks needing more than 64 of a raw material: one `get` takes at most 64.
+  env = envs.make("textcraft")
+  for index in (166, 246):
+    env.reset(index, "train")
+    done, info, turns = False, {}, 0
+    while not done and turns < env.max_rounds:
+      _, _, done, info = env.step(env.expert_action())
+      turns += 1
+    assert info["success"], index
