@@ -32,6 +32,8 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -41,6 +43,11 @@ from launch.benchmarks import common
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_GIN = os.path.join(ROOT, "gin_configs", "models", "tiny.gin")
 MODES = ("cached", "reprefill")
+# The sampler's jitted pieces (`_extend`: the leading pieces of a long prefill, in newer samplers).
+# A later torch thread setting whose warm-up run alone exceeds this many times the best median so far
+# cannot win; its repeats are skipped.
+GIVE_UP_FACTOR = 3.0
+_JITTED = ("_prefill", "_extend", "_decode", "_grow", "_select")
 _MODE_NAMES = {"cached": "cache kept across turns", "reprefill": "history re-prefilled every turn"}
 _JAX_THREAD_SETTINGS = {
     # name: environment for the worker process (as the sampler suite)
@@ -120,11 +127,13 @@ def _instrument(sampler, timers: dict[str, float], counts: dict[str, int]):
   """Wraps the sampler's jitted pieces so that each call blocks and is timed (profiling runs only)."""
   import jax
   originals = {}
-  for name in ("_prefill", "_decode", "_grow", "_select"):
+  for name in _JITTED:
+    if not hasattr(sampler, name):
+      continue
     fn = originals[name] = getattr(sampler, name)
 
     def wrapped(*args, _fn=fn, _name=name, **kwargs):
-      if _name == "_prefill":
+      if _name in ("_prefill", "_extend"):
         counts["prefill_slots"] += int(args[2].shape[0] * args[2].shape[1])  # rows x padded chunk
       if _name == "_decode":
         state = args[1]
@@ -151,7 +160,7 @@ def _instrument(sampler, timers: dict[str, float], counts: dict[str, int]):
 
 def _profile_engine(engine, tasks, config) -> dict:
   """One extra run with every jitted call timed: where the time goes."""
-  timers = {name: 0.0 for name in ("_prefill", "_decode", "_grow", "_select")}
+  timers = dict.fromkeys(_JITTED, 0.0)
   counts = {name: 0 for name in timers} | dict.fromkeys(
       ("prefill_slots", "decode_steps", "decode_row_steps", "decode_slot_steps"), 0)
   restore = _instrument(engine.sampler, timers, counts)
@@ -163,7 +172,7 @@ def _profile_engine(engine, tasks, config) -> dict:
   device = sum(timers.values())
   return {
       "total_s": s.total_s,
-      "prefill_s": timers["_prefill"],
+      "prefill_s": timers["_prefill"] + timers["_extend"],
       "decode_s": timers["_decode"],
       "grow_select_s": timers["_grow"] + timers["_select"],
       "generate_host_s": s.generate_s - device,
@@ -171,6 +180,7 @@ def _profile_engine(engine, tasks, config) -> dict:
       "template_s": s.template_s,
       "other_s": s.total_s - s.generate_s - s.env_s - s.template_s,
       "generate_calls": s.generate_calls,
+      "prefill_calls": counts["_prefill"] + counts["_extend"],
       "decode_calls": counts["_decode"],
       "decode_steps": counts["decode_steps"],
       "decode_rows_mean": counts["decode_row_steps"] / max(counts["decode_steps"], 1),
@@ -210,8 +220,8 @@ def measure_ours(checkpoint: str, workload: Workload, repeats: int, modes: Seque
       if profile:
         out[mode]["profile"] = _profile_engine(engine, tasks, config)
     sampler = engine.sampler
-    out["compiled_programs"] = {name: getattr(sampler, name)._cache_size()
-                                for name in ("_prefill", "_decode", "_grow", "_select")}
+    out["compiled_programs"] = {name: getattr(sampler, name)._cache_size() for name in _JITTED
+                                if hasattr(sampler, name)}
   return out
 
 
@@ -291,7 +301,11 @@ class AgentGymController:
     return [self.episode(env, index, workload.split) for env, index in workload.tasks]
 
 
-def measure_peer(checkpoint: str, workload: Workload, repeats: int, threads: int) -> dict:
+def measure_peer(checkpoint: str, workload: Workload, repeats: int, threads: int,
+                 give_up_s: float | None = None) -> dict:
+  """The AgentGym-style controller over the task list at `threads` torch threads. When the warm-up run
+  alone takes longer than `give_up_s` (a setting that cannot be the best: two threads on a loaded 2-core
+  machine ran ~10x slower than one), the repeats are skipped and the row is marked `abandoned`."""
   import torch
   import transformers
   from evolver.models.tokenizer import load_tokenizer
@@ -303,6 +317,9 @@ def measure_peer(checkpoint: str, workload: Workload, repeats: int, threads: int
   episodes = controller.run(workload)  # warm-up
   first_s = time.perf_counter() - start
   controller.inputs = None
+  if give_up_s is not None and first_s > give_up_s:
+    return {"seconds": first_s, "times": [first_s], "first_s": first_s, "episodes": episodes, "failed": 0,
+            "abandoned": True, "profile": None}
   for key in controller.timers:
     controller.timers[key] = 0.0
   seconds, times = common.median_time(lambda: controller.run(workload), warmup=0, repeats=repeats)
@@ -344,9 +361,26 @@ def _totals(episodes: Sequence[dict]) -> tuple[int, int]:
   return sum(e["turns"] for e in episodes), sum(e["tokens"] for e in episodes)
 
 
+def _run_worker(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 3600) -> dict:
+  """`python -m launch.benchmarks.rollout --worker ...` in a fresh process (so thread settings apply). The
+  result comes back in a file rather than on stdout: the episodes' texts make it large, and whatever a
+  library prints cannot garble it."""
+  full_env = dict(os.environ)
+  full_env.update(env or {})
+  with tempfile.TemporaryDirectory(prefix="evolver_bench_rollout_worker_") as tmp:
+    out = os.path.join(tmp, "result.json")
+    proc = subprocess.run([sys.executable, "-m", "launch.benchmarks.rollout", "--worker", out, *args],
+                          capture_output=True, text=True, env=full_env, timeout=timeout)
+    if proc.returncode != 0 or not os.path.exists(out):
+      raise RuntimeError(f"rollout worker {' '.join(args[:1])} (env {env}) exited with {proc.returncode} and "
+                         f"{'a' if os.path.exists(out) else 'no'} result:\nstdout: {proc.stdout[-2000:]}\n"
+                         f"stderr: {proc.stderr[-4000:]}")
+    with open(out) as f:
+      return json.load(f)
+
+
 def _gather(checkpoint: str, workload: Workload, opts) -> tuple[list[dict], list[dict]]:
   """Runs every side x thread setting; returns (ours rows, peer rows) with a `setting` name each."""
-  mod = "launch.benchmarks.rollout"
   ours, peer = [], []
   for name in opts.jax_settings.split(","):
     if opts.inline:
@@ -354,14 +388,14 @@ def _gather(checkpoint: str, workload: Workload, opts) -> tuple[list[dict], list
     else:
       env = dict(_JAX_THREAD_SETTINGS[name])
       env.setdefault("JAX_PLATFORMS", "cpu")
-      res = common.run_worker(mod, ["--worker", "jax", checkpoint, workload.to_json(), str(opts.repeats)], env=env)
+      res = _run_worker(["jax", checkpoint, workload.to_json(), str(opts.repeats)], env=env)
     ours.append(dict(res, setting=name))
   for threads in opts.torch_threads.split(","):
+    give_up = GIVE_UP_FACTOR * min(r["seconds"] for r in peer) if peer else None
     if opts.inline:
-      res = measure_peer(checkpoint, workload, opts.repeats, int(threads))
+      res = measure_peer(checkpoint, workload, opts.repeats, int(threads), give_up)
     else:
-      res = common.run_worker(mod, ["--worker", "torch", checkpoint, workload.to_json(), str(opts.repeats),
-                                    threads])
+      res = _run_worker(["torch", checkpoint, workload.to_json(), str(opts.repeats), threads, str(give_up)])
     peer.append(dict(res, setting=f"{threads} thread(s)"))
   return ours, peer
 
@@ -378,8 +412,10 @@ def summarize(workload: Workload, ours: Sequence[dict], peer: Sequence[dict], *,
                    f"{r['first_s']:.2f}", f"{r['seconds']:.3f}", f"{n / r['seconds']:.2f}"])
   for res in peer:
     turns, tokens = _totals(res["episodes"])
+    abandoned = res.get("abandoned")
     rows.append(["AgentGym-style (transformers)", "history re-encoded, 1 episode at a time", res["setting"], n,
-                 turns, tokens, f"{res['first_s']:.2f}", f"{res['seconds']:.3f}", f"{n / res['seconds']:.2f}"])
+                 turns, tokens, f"{res['first_s']:.2f}", "(warm-up only)" if abandoned else f"{res['seconds']:.3f}",
+                 f"<{n / res['seconds']:.2f}" if abandoned else f"{n / res['seconds']:.2f}"])
   load = os.getloadavg()
   envs_used = sorted({env for env, _ in workload.tasks})
   common.print_table(
@@ -419,7 +455,8 @@ def summarize(workload: Workload, ours: Sequence[dict], peer: Sequence[dict], *,
     p = prof[mode]
     if not p:
       continue
-    print(f"ours, {_MODE_NAMES[mode]}: {p['generate_calls']} generate calls, {p['decode_calls']} decode loops, "
+    print(f"ours, {_MODE_NAMES[mode]}: {p['generate_calls']} generate calls, {p['prefill_calls']} prefill calls, "
+          f"{p['decode_calls']} decode loops, "
           f"{p['decode_steps']} decode steps of {p['decode_rows_mean']:.1f} rows over {p['decode_capacity_mean']:.0f} "
           f"cache slots on average ({1e3 * p['decode_s'] / max(p['decode_steps'], 1):.2f} ms/step); "
           f"{p['prefill_tokens']} tokens fed in {p['prefill_slots']} padded slots "
@@ -450,6 +487,10 @@ def summarize(workload: Workload, ours: Sequence[dict], peer: Sequence[dict], *,
       "agreement_peer": agree_peer, "agreement_self": agree_self,
       "failed_ours": best_ours["cached"]["cached"]["failed"],
       "profile_ours": prof["cached"], "profile_ours_reprefill": prof["reprefill"], "profile_peer": pp,
+      "runs": [{"side": "ours", "mode": mode, "setting": res["setting"], "seconds": res[mode]["seconds"],
+                "first_s": res[mode]["first_s"]} for res in ours for mode in MODES]
+              + [{"side": "peer", "setting": res["setting"], "seconds": res["seconds"], "first_s": res["first_s"],
+                  "abandoned": bool(res.get("abandoned"))} for res in peer],
       "load_avg": [round(x, 2) for x in load],
   }
 
@@ -487,11 +528,14 @@ def run(args: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-  import sys
   if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-    kind, ckpt, work, reps = sys.argv[2], sys.argv[3], Workload.from_json(sys.argv[4]), int(sys.argv[5])
+    # --worker OUT_JSON jax|torch CHECKPOINT WORKLOAD_JSON REPEATS [TORCH_THREADS GIVE_UP_S|None]
+    out_path, kind, ckpt = sys.argv[2], sys.argv[3], sys.argv[4]
+    work, reps = Workload.from_json(sys.argv[5]), int(sys.argv[6])
     if kind == "jax":
       result = measure_ours(ckpt, work, reps)
     else:
-      result = measure_peer(ckpt, work, reps, int(sys.argv[6]))
-    print(json.dumps(result))
+      result = measure_peer(ckpt, work, reps, int(sys.argv[7]), ast.literal_eval(sys.argv[8]))
+    with open(out_path + ".tmp", "w") as f:
+      json.dump(result, f)
+    os.replace(out_path + ".tmp", out_path)
