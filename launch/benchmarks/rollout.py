@@ -16,7 +16,8 @@ episode each, greedy, the same `max_rounds` and `max_new_tokens` per turn on bot
   the end-of-turn token as EOS, decodes, steps the env and appends the observation.
 
 Each side runs in its own process per thread setting (JAX: all cores or 1 thread; torch: 1 and 2 threads) and
-reports at its best one. A run of the whole task list is timed: the first run is a warm-up (JAX compiles one
+reports at its best one (a later torch setting whose warm-up run alone takes 3x the best median is not
+repeated: on a loaded 2-core machine two torch threads ran up to 30x slower than one). A run of the whole task list is timed: the first run is a warm-up (JAX compiles one
 program per batch and cache bucket there), then the median of `--repeats`. Both sides run the same task list,
 so episodes/s compare directly; turns and tokens generated per side are printed, and the greedy texts are
 compared turn by turn (float differences and the peer's re-tokenization of decoded text can make them
