@@ -43,7 +43,7 @@ import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from evolver.data.tokenize import TokenizedExample, tokenize_trajectory
-from evolver.data.trajectory import Trajectory
+from evolver.data.trajectory import Trajectory, turn_windows
 
 DEFAULT_BUCKETS = (256, 512, 1024, 1536, 2048)
 OVERFLOW_POLICIES = ("drop", "raise")
@@ -377,3 +377,24 @@ def expert_batch_iterator(env_names: str | Sequence[str], start: int, count: int
   keep_fn = (lambda trajectory: trajectory.success) if successes_only else None
   return BatchIterator(source, tokenize_fn, batch_size=batch_size, pad_id=pad_id_of(tokenizer), keep_fn=keep_fn,
                        **kwargs)
+
+
+def window_batch_iterator(env_names: str | Sequence[str], start: int, count: int, batch_size: int, *,
+                          turns: int = 2, tokenizer: PreTrainedTokenizerBase | None = None,
+                          data_dir: str | None = None, **kwargs: Any) -> BatchIterator:
+  """A curriculum's batch iterator: the successful expert episodes of `expert_batch_iterator`, each cut into
+  short windows (`trajectory.turn_windows`). Keyword arguments go to `BatchIterator`."""
+  from evolver.data import tfds_builders
+  from evolver.models.tokenizer import load_tokenizer
+  tokenizer = tokenizer if tokenizer is not None else load_tokenizer()
+  source = tfds_builders.load_expert_source(env_names, start, count, data_dir)
+  windows = [w for index in range(len(source)) if source[index].success for w in turn_windows(source[index], turns)]
+  tokenize_fn = functools.partial(tokenize_trajectory, tokenizer=tokenizer)
+  return BatchIterator(windows, tokenize_fn, batch_size=batch_size, pad_id=pad_id_of(tokenizer), **kwargs)
+
+
+def all_tokens_mask(lengths: np.ndarray, length: int) -> np.ndarray:
+  """`[B, L]` float32 loss mask over every real token but the first of each row (language-model training);
+  `lengths` `[B]` (0 on padding rows)."""
+  positions = np.arange(length)[None, :]
+  return ((positions >= 1) & (positions < np.asarray(lengths)[:, None])).astype(np.float32)

@@ -35,6 +35,8 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
              expert_start: int = 0, expert_count: int = 200, val_start: int = 400, val_count: int = 16,
              batch_size: int = 8, buckets: Sequence[int] = (512, 768, 1024, 1536), seed: int = 0,
              eval_every: int = 0, eval_tasks: int = 0, eval_max_new_tokens: int = 96,
+             curriculum_steps: int = 0, window_turns: int = 2, window_batch_size: int = 32,
+             window_buckets: Sequence[int] = (256, 512), curriculum_loss: str = "all",
              tokenizer_path: str | None = None, data_dir: str | None = None) -> dict[str, Any]:
   """Runs (or resumes) BC. Returns the final `eval` results (empty when eval_tasks is 0).
 
@@ -44,6 +46,11 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
     val_start, val_count: the val slice (model selection), disjoint from the expert slice.
     eval_every: steps between val evaluations (0 = none; the last policy is then the one reported).
     eval_tasks: held-out `eval` tasks per env for the final report (0 = skip).
+    curriculum_steps: the first steps train on short windows of the expert episodes (`turn_windows`: the task
+      statement and `window_turns` consecutive turns, `window_batch_size` rows on `window_buckets`) before the
+      whole episodes; 0 = off.
+    curriculum_loss: "all" trains the windows' every token (the observations too: the environment's text as a
+      language model), "assistant" only the actions.
   """
   if not (expert_start + expert_count <= val_start or val_start + val_count <= expert_start):
     raise ValueError(f"the val slice [{val_start}, {val_start + val_count}) overlaps the expert slice "
@@ -55,12 +62,21 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
                      f"({len(tokenizer)})")
   data = batching.expert_batch_iterator(list(envs), expert_start, expert_count, batch_size, tokenizer=tokenizer,
                                         data_dir=data_dir, buckets=tuple(buckets), seed=seed)
+  if curriculum_loss not in ("all", "assistant"):
+    raise ValueError(f"curriculum_loss must be 'all' or 'assistant', got {curriculum_loss!r}")
+  windows = None
+  if curriculum_steps:
+    windows = batching.window_batch_iterator(list(envs), expert_start, expert_count, window_batch_size,
+                                             turns=window_turns, tokenizer=tokenizer, data_dir=data_dir,
+                                             buckets=tuple(window_buckets), seed=seed)
   optimizer = optimizer_lib.make_optimizer(train_steps)
   trainer = trainer_lib.Trainer(model_dir, model, optimizer, step_lib.sft_loss_fn, seed=seed)
   trainer_lib.write_gin_config(model_dir)
   extra = trainer.restore_latest() or {}
   if "data" in extra:
     data.set_state(extra["data"])
+  if windows is not None and "windows" in extra:
+    windows.set_state(extra["windows"])
   best = extra.get("best_val")
   writer = trainer.open_metrics()
   val_indices = list(range(val_start, val_start + val_count))
@@ -69,19 +85,29 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
         f"[bc] {len(envs)} envs, {data.num_examples} expert trajectories ({data.num_dropped} too long, "
         f"{data.num_filtered} filtered), batch {batch_size}; starting")
   wrote_operative = False
+  sampler = None  # one Sampler for every val evaluation: its compiled programs are reused, weights swapped in
   bar = tqdm(total=train_steps, initial=trainer.step, desc="bc", unit="step", dynamic_ncols=True)
   try:
     while trainer.step < train_steps:
-      batch = next(data)
+      if trainer.step < curriculum_steps:
+        batch = next(windows)
+        if curriculum_loss == "all":
+          batch = dict(batch, loss_mask=batching.all_tokens_mask(batch["lengths"], batch["input_ids"].shape[1]))
+      else:
+        batch = next(data)
       metrics = trainer.train_step({k: batch[k] for k in STEP_KEYS})
       step = trainer.step
       if not wrote_operative:
         trainer_lib.write_gin_config(model_dir, "operative_config.gin", operative=True)
         wrote_operative = True
       row = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      row.update(epoch=data.epoch, dropped_too_long=data.num_dropped)
+      row.update(epoch=data.epoch, dropped_too_long=data.num_dropped, curriculum=float(step <= curriculum_steps))
       if eval_every and (step % eval_every == 0 or step == train_steps):
-        results = evaluation.evaluate(Sampler(trainer.policy()), tokenizer, envs, split="train",
+        if sampler is None:
+          sampler = Sampler(trainer.policy())
+        else:
+          sampler.update_params(trainer.state.params)
+        results = evaluation.evaluate(sampler, tokenizer, envs, split="train",
                                       indices=val_indices, max_new_tokens=eval_max_new_tokens, keep_episodes=False)
         row.update(evaluation.flatten_metrics(results, "val"))
         score = results["overall"]["success"]
@@ -92,7 +118,8 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
       if step % trainer.config.log_every == 0 or step == train_steps:
         writer.write(step, row)
       if step % trainer.config.checkpoint_every == 0 or step == train_steps:
-        trainer.save({"data": data.get_state(), "best_val": best})
+        trainer.save({"data": data.get_state(), "best_val": best,
+                      **({"windows": windows.get_state()} if windows is not None else {})})
       bar.update(1)
       bar.set_postfix(loss=f"{row['loss']:.3f}")
   finally:
