@@ -18,6 +18,8 @@ SMALL = [
     "train_bc.envs = ['sql', 'wordle']", "train_bc.expert_count = 16", "train_bc.val_start = 100",
     "train_bc.batch_size = 4", "train_bc.buckets = (512,)", "TrainerConfig.checkpoint_every = 4",
     "make_optimizer.learning_rate = 1e-2", "make_optimizer.warmup_steps = 2",
+    "train_bc.eval_every = 0", "train_bc.curriculum_steps = 6", "train_bc.window_batch_size = 4",
+    "train_bc.window_buckets = (256,)",
 ]
 
 
