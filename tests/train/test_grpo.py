@@ -96,7 +96,7 @@ def test_grpo_without_init_checkpoint_fails_clearly(tmp_path):
 def test_grpo_runs_from_a_bc_checkpoint_and_resumes(tmp_path):
   bc_dir = tmp_path / "bc"
   launch("bc.gin", bc_dir, 2, "train_bc.envs = ['sql']", "train_bc.expert_count = 8", "train_bc.batch_size = 4",
-         "train_bc.buckets = (512,)")
+         "train_bc.buckets = (512,)", "train_bc.eval_every = 0", "train_bc.curriculum_steps = 0")
   grpo = ["train_grpo.envs = ['sql', 'maze']", "train_grpo.tasks_per_step = 2", "train_grpo.group_size = 2",
           "train_grpo.max_new_tokens = 16", "train_grpo.max_rounds = 2", "train_grpo.num_minibatches = 2",
           f"INIT_CHECKPOINT = '{bc_dir}'", "TrainerConfig.checkpoint_every = 1"]
