@@ -55,6 +55,8 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
   if not (expert_start + expert_count <= val_start or val_start + val_count <= expert_start):
     raise ValueError(f"the val slice [{val_start}, {val_start + val_count}) overlaps the expert slice "
                      f"[{expert_start}, {expert_start + expert_count})")
+  if curriculum_loss not in ("all", "assistant"):
+    raise ValueError(f"curriculum_loss must be 'all' or 'assistant', got {curriculum_loss!r}")
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
   model = trainer_lib.init_policy(seed=seed)
   if model.config.vocab_size < len(tokenizer):
@@ -62,8 +64,6 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
                      f"({len(tokenizer)})")
   data = batching.expert_batch_iterator(list(envs), expert_start, expert_count, batch_size, tokenizer=tokenizer,
                                         data_dir=data_dir, buckets=tuple(buckets), seed=seed)
-  if curriculum_loss not in ("all", "assistant"):
-    raise ValueError(f"curriculum_loss must be 'all' or 'assistant', got {curriculum_loss!r}")
   windows = None
   if curriculum_steps:
     windows = batching.window_batch_iterator(list(envs), expert_start, expert_count, window_batch_size,
