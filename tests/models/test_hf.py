@@ -127,3 +127,12 @@ def test_bad_inputs_are_clear(tmp_path):
   model = models.load_hf(str(tmp_path / "ref"))
   with pytest.raises(ValueError, match=r"token ids out of the vocabulary \[0, 97\): \[97, 1000\]"):
     model(np.array([[1, 97, 1000]], np.int32))
+
+
+def test_long_sequences_match_transformers(tmp_path):
+  """RoPE and the causal mask far past the short cases above (episodes here run to ~1,500 tokens)."""
+  arch, kwargs = CASES["qwen2_gqa_tied_bias_theta"]
+  ref = _make_reference(arch, dict(kwargs, max_position_embeddings=2048), str(tmp_path / "ref"))
+  ids = np.random.default_rng(1).integers(0, 97, size=(1, 1200)).astype(np.int32)
+  np.testing.assert_allclose(np.asarray(models.load_hf(str(tmp_path / "ref"))(ids)), _torch_logits(ref, ids),
+                             atol=1e-4, rtol=0)
