@@ -388,7 +388,8 @@ def window_batch_iterator(env_names: str | Sequence[str], start: int, count: int
   from evolver.models.tokenizer import load_tokenizer
   tokenizer = tokenizer if tokenizer is not None else load_tokenizer()
   source = tfds_builders.load_expert_source(env_names, start, count, data_dir)
-  windows = [w for index in range(len(source)) if source[index].success for w in turn_windows(source[index], turns)]
+  episodes = (source[index] for index in range(len(source)))  # each read (and decoded) once
+  windows = [w for episode in episodes if episode.success for w in turn_windows(episode, turns)]
   tokenize_fn = functools.partial(tokenize_trajectory, tokenizer=tokenizer)
   return BatchIterator(windows, tokenize_fn, batch_size=batch_size, pad_id=pad_id_of(tokenizer), **kwargs)
 
