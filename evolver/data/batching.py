@@ -394,6 +394,23 @@ def window_batch_iterator(env_names: str | Sequence[str], start: int, count: int
   return BatchIterator(windows, tokenize_fn, batch_size=batch_size, pad_id=pad_id_of(tokenizer), **kwargs)
 
 
+CURRICULUM_LOSSES = ("all", "assistant")
+
+
+def check_curriculum_loss(curriculum_loss: str) -> None:
+  if curriculum_loss not in CURRICULUM_LOSSES:
+    raise ValueError(f"curriculum_loss must be one of {CURRICULUM_LOSSES}, got {curriculum_loss!r}")
+
+
+def next_window_batch(windows: BatchIterator, curriculum_loss: str) -> dict[str, np.ndarray]:
+  """The curriculum's next batch: with `curriculum_loss` "all" every real token of the windows trains (the
+  environment's text as a language model), with "assistant" only the actions."""
+  batch = next(windows)
+  if curriculum_loss == "all":
+    batch = dict(batch, loss_mask=all_tokens_mask(batch["lengths"], batch["input_ids"].shape[1]))
+  return batch
+
+
 def all_tokens_mask(lengths: np.ndarray, length: int) -> np.ndarray:
   """`[B, L]` float32 loss mask over every real token but the first of each row (language-model training);
   `lengths` `[B]` (0 on padding rows)."""

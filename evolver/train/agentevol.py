@@ -68,6 +68,7 @@ from evolver.train.bc import print_success_table
 STEP_KEYS = ("input_ids", "loss_mask", "weights")
 MERGE_STRATEGIES = ("expert+current", "accumulate", "current")
 EXPLORE_SUBDIR = "explore"
+BASE_SUBDIR = "base"  # the train state at the curriculum's end, where every learning phase restarts
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -330,6 +331,33 @@ def reset_to_base(trainer: trainer_lib.Trainer, base: nnx.Module, optimizer: opt
   trainer.state = jax.device_put(state, trainer.shardings)
 
 
+def base_checkpointer(model_dir: str) -> ckpt_lib.Checkpointer:
+  return ckpt_lib.Checkpointer(model_dir, max_to_keep=1, async_save=False, subdir=BASE_SUBDIR)
+
+
+def save_curriculum_end(trainer: trainer_lib.Trainer, base: ckpt_lib.Checkpointer) -> None:
+  """Keeps the whole train state (parameters, optimizer state, rng) at the curriculum's end; a resumed run
+  recomputing that step finds it kept already."""
+  if trainer.step in base.all_steps():
+    return
+  base.save(trainer.step, trainer.state.params, trainer.train_part(trainer.state),
+            {"model_config": ckpt_lib.model_config_to_json(trainer.model_config)}, force=True)
+
+
+def restore_curriculum_end(trainer: trainer_lib.Trainer, base: ckpt_lib.Checkpointer, curriculum_steps: int,
+                           step: int) -> None:
+  """Puts the train state kept at the curriculum's end into the trainer, its step counter set to `step`: the
+  state phase p would reach after re-running the (same, deterministic) curriculum from the base model."""
+  saved = base.latest_step()
+  if saved != curriculum_steps:
+    raise FileNotFoundError(f"{base.directory} holds no train state of the curriculum's end (step "
+                            f"{curriculum_steps}; found {saved}): the run cannot restart a learning phase")
+  params, train, _ = base.restore(saved, ckpt_lib.abstract_of(trainer.state.params),
+                                  ckpt_lib.abstract_of(trainer.train_part(trainer.state)))
+  trainer.state = trainer.state.replace(params=params, opt_state=train["opt_state"], rng=train["rng"],
+                                        step=jnp.asarray(step, jnp.int32))
+
+
 def save_best(trainer: trainer_lib.Trainer, score: float, extra: dict[str, Any]) -> None:
   """`trainer.save_best`, unless this step's best policy is already saved: a run killed while its regular
   checkpoint of that step was in flight kept the (synchronous) best save, and the restarted run, recomputing the
@@ -382,8 +410,10 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
                     temperature: float = 1.0, merge: str = "expert+current", binary_reward: bool = True,
                     batch_size: int = 8, buckets: Sequence[int] = (512, 768, 1024, 1536), seed: int = 0,
                     eval_every: int = 0, eval_tasks: int = 0, max_new_tokens: int = 96,
-                    max_rounds: int | None = None, rollout_batch_size: int = 64, tokenizer_path: str | None = None,
-                    data_dir: str | None = None) -> dict[str, Any]:
+                    max_rounds: int | None = None, rollout_batch_size: int = 64, curriculum_steps: int = 0,
+                    window_turns: int = 2, window_batch_size: int = 16,
+                    window_buckets: Sequence[int] = (256, 512), curriculum_loss: str = "all",
+                    tokenizer_path: str | None = None, data_dir: str | None = None) -> dict[str, Any]:
   """Runs (or resumes) AgentEvol. Returns the final `eval` results (empty when eval_tasks is 0).
 
   Args:
@@ -404,6 +434,11 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
     max_new_tokens: per assistant turn, in exploration and evaluation.
     max_rounds: assistant turns per episode in exploration and evaluation (None: each env's own limit).
     rollout_batch_size: episodes in flight at once.
+    curriculum_steps: the first steps of the BC phase train on short windows of D_s (as `train_bc`'s
+      curriculum: `window_turns`, `window_batch_size`, `window_buckets`, `curriculum_loss`). The train state at
+      the curriculum's end is kept (`MODEL_DIR/base/`) and every learning phase restarts from it at local step
+      `curriculum_steps + 1`: exactly where re-running the same curriculum from the base model would put it, so
+      the learning phases' logged steps start there. 0 = off (every phase from the base model at step 1).
   """
   check_disjoint({"expert": (expert_start, expert_count), "val": (val_start, val_count),
                   "exploration": (explore_start, explore_count)})
@@ -411,6 +446,10 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
     raise ValueError(f"merge must be one of {MERGE_STRATEGIES}, got {merge!r}")
   if val_count <= 0:
     raise ValueError("AgentEvol selects its policy on `val`: set val_count > 0")
+  if not 0 <= curriculum_steps < train_steps:
+    raise ValueError(f"curriculum_steps ({curriculum_steps}) must be in [0, TRAIN_STEPS={train_steps}): every "
+                     "phase needs steps on its own data after the curriculum")
+  batching.check_curriculum_loss(curriculum_loss)
   envs = list(envs)
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
   model = trainer_lib.init_policy(seed=seed)
@@ -423,6 +462,9 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
   del model  # its arrays may be the trainer's, which the first step donates
   trainer_lib.write_gin_config(model_dir)
   extra = trainer.restore_latest() or {}
+  if extra and extra.get("curriculum_steps", 0) != curriculum_steps:
+    raise ValueError(f"this run's checkpoints were made with curriculum_steps={extra.get('curriculum_steps', 0)}; "
+                     f"resuming with {curriculum_steps} would change its phases. Use the same value or a new MODEL_DIR")
   phase, local = resume_position(trainer.step, extra, train_steps)
   best, history = extra.get("best_val"), list(extra.get("history", []))
   from evolver.data import tfds_builders  # tensorflow_datasets only for the expert set
@@ -431,6 +473,14 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
   sampler = Sampler(trainer.policy())
   val_indices = list(range(val_start, val_start + val_count))
   tokenize_fn = functools.partial(tokenize_weighted, tokenizer=tokenizer)
+  base = base_checkpointer(model_dir) if curriculum_steps else None
+  windows = None
+  if curriculum_steps and phase == 0 and local < curriculum_steps:
+    windows = batching.window_batch_iterator(envs, expert_start, expert_count, window_batch_size,
+                                             turns=window_turns, tokenizer=tokenizer, data_dir=data_dir,
+                                             buckets=tuple(window_buckets), seed=seed)
+    if "windows" in extra:
+      windows.set_state(extra["windows"])
   print(f"[agentevol] {len(envs)} envs, {num_iterations} iterations x {train_steps} steps, merge {merge!r}; "
         + (f"resuming at step {trainer.step} ({phase_name(phase)}, local step {local})" if trainer.step
            else "starting"), flush=True)
@@ -473,28 +523,36 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
                                   pad_id=batching.pad_id_of(tokenizer), buckets=tuple(buckets), seed=seed + p,
                                   keep_fn=keep_for_training)
     start_norm = None
+    first = start + 1 if p == 0 else start + curriculum_steps + 1  # learning phases skip the curriculum
     if resuming:
       data.set_state(extra["data"])
     else:
-      if p > 0:
+      if p > 0 and curriculum_steps:
+        restore_curriculum_end(trainer, base, curriculum_steps, first - 1)
+      elif p > 0:
         reset_to_base(trainer, trainer_lib.init_policy(seed=seed), optimizer, seed, start)
       start_norm = float(optax.tree.norm(trainer.state.params))
     print(f"[agentevol] {phase_name(p)}: {data.num_examples} examples ({counts['explored_examples']} explored, "
-          f"{data.num_dropped} too long), steps {start + 1}-{start + train_steps}", flush=True)
-    bar = tqdm(total=train_steps, initial=trainer.step - start, desc=phase_name(p), unit="step",
-               dynamic_ncols=True)
+          f"{data.num_dropped} too long), steps {first}-{start + train_steps}"
+          + (f" (1-{curriculum_steps}: the curriculum)" if p == 0 and curriculum_steps else ""), flush=True)
+    bar = tqdm(total=start + train_steps - first + 1, initial=trainer.step - first + 1, desc=phase_name(p),
+               unit="step", dynamic_ncols=True)
     try:
       while trainer.step < start + train_steps:
-        batch = next(data)
+        in_curriculum = p == 0 and trainer.step - start < curriculum_steps
+        batch = batching.next_window_batch(windows, curriculum_loss) if in_curriculum else next(data)
         metrics = trainer.train_step({k: batch[k] for k in STEP_KEYS})
         step = trainer.step
         local_step = step - start
+        if in_curriculum and local_step == curriculum_steps:
+          save_curriculum_end(trainer, base)
         if not wrote_operative:
           trainer_lib.write_gin_config(model_dir, "operative_config.gin", operative=True)
           wrote_operative = True
         row = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        row.update(phase=p, phase_step=local_step, epoch=data.epoch, dropped_too_long=data.num_dropped)
-        if local_step == 1:
+        row.update(phase=p, phase_step=local_step, epoch=data.epoch, dropped_too_long=data.num_dropped,
+                   curriculum=float(in_curriculum))
+        if step == first:
           row.update(explore_row, start_param_norm=start_norm, train_examples=data.num_examples, **counts)
         phase_end = local_step == train_steps
         if phase_end or (eval_every and local_step % eval_every == 0):
@@ -509,17 +567,20 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
             history.append({"phase": p, "step": step, "val_success": score,
                             "val": {name: r["success"] for name, r in results["envs"].items()},
                             "explore": explore_summary, **counts})
-        if local_step == 1 or step % trainer.config.log_every == 0 or phase_end:
+        if step == first or step % trainer.config.log_every == 0 or phase_end:
           writer.write(step, row)
         if local_step % trainer.config.checkpoint_every == 0 or phase_end:
-          trainer.save({"phase": p, "train_steps": train_steps, "data": data.get_state(), "best_val": best,
-                        "history": history})
+          trainer.save({"phase": p, "train_steps": train_steps, "curriculum_steps": curriculum_steps,
+                        "data": data.get_state(), "best_val": best, "history": history,
+                        **({"windows": windows.get_state()} if in_curriculum else {})})
         bar.update(1)
         bar.set_postfix(loss=f"{row['loss']:.3f}")
     finally:
       bar.close()
     local = 0
   trainer.checkpointer.wait()
+  if base is not None:
+    base.close()
   if history:
     print_history(history)
   results: dict[str, Any] = {}

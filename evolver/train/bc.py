@@ -55,8 +55,7 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
   if not (expert_start + expert_count <= val_start or val_start + val_count <= expert_start):
     raise ValueError(f"the val slice [{val_start}, {val_start + val_count}) overlaps the expert slice "
                      f"[{expert_start}, {expert_start + expert_count})")
-  if curriculum_loss not in ("all", "assistant"):
-    raise ValueError(f"curriculum_loss must be 'all' or 'assistant', got {curriculum_loss!r}")
+  batching.check_curriculum_loss(curriculum_loss)
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
   model = trainer_lib.init_policy(seed=seed)
   if model.config.vocab_size < len(tokenizer):
@@ -90,9 +89,7 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
   try:
     while trainer.step < train_steps:
       if trainer.step < curriculum_steps:
-        batch = next(windows)
-        if curriculum_loss == "all":
-          batch = dict(batch, loss_mask=batching.all_tokens_mask(batch["lengths"], batch["input_ids"].shape[1]))
+        batch = batching.next_window_batch(windows, curriculum_loss)
       else:
         batch = next(data)
       metrics = trainer.train_step({k: batch[k] for k in STEP_KEYS})

@@ -93,7 +93,8 @@ class Trainer:
   def step(self) -> int:
     return int(self.state.step)
 
-  def _train_part(self, state: state_lib.TrainState) -> dict[str, Any]:
+  def train_part(self, state: state_lib.TrainState) -> dict[str, Any]:
+    """What a checkpoint keeps of the state besides the parameters."""
     return {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}
 
   def restore_latest(self) -> dict[str, Any] | None:
@@ -102,7 +103,7 @@ class Trainer:
     if latest is None:
       return None
     params, train, extra = self.checkpointer.restore(latest, ckpt_lib.abstract_of(self.state.params),
-                                                     ckpt_lib.abstract_of(self._train_part(self.state)))
+                                                     ckpt_lib.abstract_of(self.train_part(self.state)))
     self.state = self.state.replace(params=params, step=train["step"], opt_state=train["opt_state"],
                                     rng=train["rng"])
     if int(self.state.step) != latest:
@@ -125,7 +126,7 @@ class Trainer:
 
   def save(self, extra: dict[str, Any], *, force: bool = False) -> None:
     extra = dict(extra, model_config=ckpt_lib.model_config_to_json(self.model_config))
-    self.checkpointer.save(self.step, self.state.params, self._train_part(self.state), extra, force=force)
+    self.checkpointer.save(self.step, self.state.params, self.train_part(self.state), extra, force=force)
     # Fault injection for the crash-resume tests: die by SIGKILL while this (async) save is in flight.
     if os.environ.get(KILL_DURING_SAVE_ENV) == str(self.step):
       os.kill(os.getpid(), signal.SIGKILL)

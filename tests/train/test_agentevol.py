@@ -6,6 +6,7 @@ inside a phase with the exploration reused).
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -24,6 +25,7 @@ from evolver.train.trainer import KILL_DURING_SAVE_ENV
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_STEPS = 4
 ITERATIONS = 2
+CURRICULUM = 1  # BC's first step trains on windows; learning phases restart from its end, at local step 2
 SMALL_MODEL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelConfig.intermediate_size = 128"]
 # A small model, two envs, tiny slices and short episodes: every run here takes seconds.
 SMALL = SMALL_MODEL + [
@@ -33,8 +35,15 @@ SMALL = SMALL_MODEL + [
     f"train_agentevol.num_iterations = {ITERATIONS}", "train_agentevol.batch_size = 4",
     "train_agentevol.buckets = (512,)", "train_agentevol.max_new_tokens = 16", "train_agentevol.max_rounds = 2",
     "train_agentevol.eval_tasks = 1", "TrainerConfig.checkpoint_every = 2", "make_optimizer.learning_rate = 1e-2",
-    "make_optimizer.warmup_steps = 2",
+    "make_optimizer.warmup_steps = 2", f"train_agentevol.curriculum_steps = {CURRICULUM}",
+    "train_agentevol.window_batch_size = 4", "train_agentevol.window_buckets = (512,)",
 ]
+
+
+def logged_steps(phase):
+  """The global steps phase `phase` trains: BC all of its own, learning phases those after the curriculum."""
+  first = 1 if phase == 0 else CURRICULUM + 1
+  return [phase * TRAIN_STEPS + s for s in range(first, TRAIN_STEPS + 1)]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -198,13 +207,14 @@ def test_agentevol_runs_all_phases_with_global_steps(uninterrupted):
   model_dir, proc = uninterrupted
   rows = train_rows(model_dir)
   total = (ITERATIONS + 1) * TRAIN_STEPS
-  assert sorted(rows) == list(range(1, total + 1))
+  assert sorted(rows) == [s for p in range(ITERATIONS + 1) for s in logged_steps(p)]
   for step, row in rows.items():
     assert row["phase"] == (step - 1) // TRAIN_STEPS and row["phase_step"] == (step - 1) % TRAIN_STEPS + 1
+    assert row["curriculum"] == float(step <= CURRICULUM), step
   phase_ends = [TRAIN_STEPS * (p + 1) for p in range(ITERATIONS + 1)]
   assert [s for s, r in rows.items() if "val/overall/success" in r] == phase_ends
   for m in range(1, ITERATIONS + 1):
-    first = rows[m * TRAIN_STEPS + 1]
+    first = rows[logged_steps(m)[0]]
     assert first["explore/episodes"] == 2 * 2 * 2  # envs x tasks x K
     assert "explore/success" in first and "explore/kept" in first
     json_path, npz_path = agentevol.exploration_paths(str(model_dir), m)
@@ -216,18 +226,41 @@ def test_agentevol_runs_all_phases_with_global_steps(uninterrupted):
   assert "iteration 2" in proc.stdout and "overall" in proc.stdout
 
 
-def test_every_learning_phase_starts_from_the_base_model(uninterrupted):
+def test_every_learning_phase_restarts_from_the_curriculum_end(uninterrupted):
   model_dir, _ = uninterrupted
   rows = train_rows(model_dir)
-  config = ckpt_lib.restore_model(str(model_dir))[0].config  # the run's architecture, as its checkpoints say
-  assert config.hidden_size == 64
-  base = make_model(config, seed=0)  # the base model: a fresh init by SEED
-  base_norm = float(optax.tree.norm(nnx.split(base)[1]))
-  for p in range(ITERATIONS + 1):
-    assert rows[p * TRAIN_STEPS + 1]["start_param_norm"] == pytest.approx(base_norm, rel=1e-6), p
+  base_steps = ckpt_lib.Checkpointer(str(model_dir), async_save=False, subdir=agentevol.BASE_SUBDIR).all_steps()
+  assert base_steps == [CURRICULUM]
+  curriculum_end = rows[CURRICULUM]["param_norm"]  # `param_norm`: after the step's update
+  for p in range(1, ITERATIONS + 1):
+    assert rows[logged_steps(p)[0]]["start_param_norm"] == pytest.approx(curriculum_end, rel=1e-6), p
   for p in range(ITERATIONS):
     # Training moved the weights, so continuing from the previous phase would start elsewhere.
-    assert abs(rows[(p + 1) * TRAIN_STEPS]["param_norm"] - base_norm) > 1e-3 * base_norm
+    assert abs(rows[(p + 1) * TRAIN_STEPS]["param_norm"] - curriculum_end) > 1e-3 * curriculum_end
+
+
+def test_without_curriculum_every_phase_starts_from_the_base_model(tmp_path):
+  model_dir = tmp_path / "run"
+  train(model_dir, "train_agentevol.curriculum_steps = 0", "train_agentevol.num_iterations = 1",
+        "train_agentevol.eval_tasks = 0")
+  rows = train_rows(model_dir)
+  assert sorted(rows) == list(range(1, 2 * TRAIN_STEPS + 1))
+  config = ckpt_lib.restore_model(str(model_dir))[0].config  # the run's architecture, as its checkpoints say
+  assert config.hidden_size == 64
+  base_norm = float(optax.tree.norm(nnx.split(make_model(config, seed=0))[1]))  # a fresh init by SEED
+  for p in range(2):
+    assert rows[p * TRAIN_STEPS + 1]["start_param_norm"] == pytest.approx(base_norm, rel=1e-6), p
+  assert abs(rows[TRAIN_STEPS]["param_norm"] - base_norm) > 1e-3 * base_norm
+  assert not os.path.exists(os.path.join(model_dir, agentevol.BASE_SUBDIR))
+
+
+def test_curriculum_must_leave_steps_and_match_on_resume(uninterrupted, tmp_path):
+  proc = train(tmp_path / "a", f"train_agentevol.curriculum_steps = {TRAIN_STEPS}", check=False)
+  assert proc.returncode != 0 and "curriculum_steps (4) must be in [0, TRAIN_STEPS=4)" in proc.stderr
+  model_dir = tmp_path / "b"
+  shutil.copytree(uninterrupted[0], model_dir)
+  proc = train(model_dir, "train_agentevol.curriculum_steps = 2", check=False)
+  assert proc.returncode != 0 and "made with curriculum_steps=1" in proc.stderr
 
 
 def test_kill_and_restart_resumes_inside_the_phase(uninterrupted, tmp_path):
