@@ -1,0 +1,183 @@
+"""The self-evolution comparison: BC, BC on 5x the expert data, GRPO, AgentEvol (and DPO) over seeds, held out.
+
+  python -m launch.compare --root runs/compare --envs maze,babyai,sql --seeds 0,1,2 --eval_tasks 100
+  python -m launch.compare --root runs/compare --methods bc,grpo --bindings "grpo:TRAIN_STEPS=100"
+
+Every method runs through `launch.train` with its gin file (`METHODS`) on one slice layout of each env's
+`train` split (runs/agentevol.gin): D_s = [0, 80) for BC, AgentEvol's BC phase and the GRPO/DPO starting
+point; [0, 400) for "BC x5"; AgentEvol, GRPO and DPO explore [80, 400); every method selects on val [400, 412).
+Each run's val-selected policy (its latest where it kept none) is then evaluated greedily on the first
+`--eval_tasks` tasks of each env's held-out `eval` split. Runs live in ROOT/METHOD/seed_S; a run already
+trained resumes (or returns at once), an evaluation already written is read back, so the sweep can be stopped
+and started again. The table (per-env success, mean +- sample std over seeds) is printed and written to
+ROOT/compare.json with every command that produced it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EVAL_FILE = "compare_eval.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  gin_file: str
+  loop: str                                # the gin name of the loop's function (for its `envs`)
+  bindings: tuple[str, ...] = ()
+  init_from: str | None = None             # a method whose run (same seed) is INIT_CHECKPOINT
+
+
+METHODS = {
+    "bc": Method("gin_configs/runs/bc.gin", "train_bc", ("train_bc.expert_count = 80",)),
+    "bc_x5": Method("gin_configs/runs/bc.gin", "train_bc", ("train_bc.expert_count = 400",)),
+    "agentevol": Method("gin_configs/runs/agentevol.gin", "train_agentevol"),
+    "grpo": Method("gin_configs/runs/grpo.gin", "train_grpo", init_from="bc"),
+    "dpo": Method("gin_configs/runs/dpo.gin", "train_dpo", init_from="bc"),
+}
+
+
+def run_dir(root: str, method: str, seed: int) -> str:
+  return os.path.join(root, method, f"seed_{seed}")
+
+
+def train_command(root: str, method: str, seed: int, envs: Sequence[str], extra: Sequence[str]) -> list[str]:
+  """The `launch.train` command of one run (bindings: the method's, then the sweep's, then `extra`)."""
+  spec = METHODS[method]
+  bindings = [f"MODEL_DIR = '{run_dir(root, method, seed)}'", f"SEED = {seed}",
+              f"{spec.loop}.envs = {list(envs)!r}", *spec.bindings]
+  if spec.init_from:
+    bindings.append(f"INIT_CHECKPOINT = '{run_dir(root, spec.init_from, seed)}'")
+  bindings += list(extra)
+  return [sys.executable, "-m", "launch.train", f"--gin_file={spec.gin_file}",
+          *[f"--gin_bindings={b}" for b in bindings]]
+
+
+def eval_command(root: str, method: str, seed: int, envs: Sequence[str], eval_tasks: int,
+                 max_new_tokens: int) -> list[str]:
+  """Greedy held-out evaluation of the run's val-selected policy (its latest when it kept none)."""
+  directory = run_dir(root, method, seed)
+  best = ["--best"] if os.path.isdir(os.path.join(directory, "best")) else []
+  return [sys.executable, "-m", "launch.eval", "--model_dir", directory, *best, "--envs", ",".join(envs),
+          "--split", "eval", "--num_tasks", str(eval_tasks), "--max_new_tokens", str(max_new_tokens),
+          "--out", os.path.join(directory, EVAL_FILE)]
+
+
+def parse_bindings(items: Sequence[str], methods: Sequence[str]) -> dict[str, list[str]]:
+  """'METHOD:BINDING' (or 'all:BINDING') -> {method: [bindings]}; an unknown method is an error."""
+  out: dict[str, list[str]] = {m: [] for m in methods}
+  for item in items:
+    method, sep, binding = item.partition(":")
+    if not sep or not binding.strip():
+      raise SystemExit(f"--bindings entries are METHOD:BINDING (or all:BINDING), got {item!r}")
+    if method != "all" and method not in METHODS:
+      raise SystemExit(f"--bindings {item!r}: unknown method {method!r}; known: {sorted(METHODS)} or 'all'")
+    for m in methods if method == "all" else [method]:
+      if m in out:
+        out[m].append(binding)
+  return out
+
+
+def ordered_methods(methods: Sequence[str]) -> list[str]:
+  """`methods` with each one's `init_from` run first (added when missing)."""
+  out: list[str] = []
+  for method in methods:
+    if method not in METHODS:
+      raise SystemExit(f"unknown method {method!r}; known: {sorted(METHODS)}")
+    parent = METHODS[method].init_from
+    if parent and parent not in out:
+      out.append(parent)
+    if method not in out:
+      out.append(method)
+  return out
+
+
+def summarize(results: dict[str, dict[int, dict[str, Any]]], envs: Sequence[str]) -> dict[str, Any]:
+  """{method: {seed: eval results}} -> {method: {env: {mean, std, values}}, overall too}; std is the sample
+  std (ddof 1) over seeds, 0 for a single seed."""
+  table: dict[str, Any] = {}
+  for method, by_seed in results.items():
+    seeds = sorted(by_seed)
+    row = {}
+    for env in list(envs) + ["overall"]:
+      values = [float((by_seed[s]["overall"] if env == "overall" else by_seed[s]["envs"][env])["success"])
+                for s in seeds]
+      row[env] = {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+                  "values": values, "seeds": seeds}
+    table[method] = row
+  return table
+
+
+def format_table(table: dict[str, Any], envs: Sequence[str]) -> str:
+  columns = list(envs) + ["overall"]
+  lines = ["| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+  for method, row in table.items():
+    lines.append(f"| {method} | " + " | ".join(f"{row[c]['mean']:.3f} +- {row[c]['std']:.3f}" for c in columns)
+                 + " |")
+  return "\n".join(lines)
+
+
+def run(command: list[str], log: str) -> None:
+  print("$ " + shlex.join(command[1:] if command[0] == sys.executable else command), flush=True)
+  with open(log, "a") as f:
+    proc = subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+  if proc.returncode:
+    raise SystemExit(f"the command above failed ({proc.returncode}); its output is in {log}")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--root", required=True, help="where the runs go (ROOT/METHOD/seed_S)")
+  parser.add_argument("--methods", default="bc,bc_x5,grpo,agentevol", help=f"comma-separated, of {sorted(METHODS)}")
+  parser.add_argument("--envs", default="maze,babyai,sql")
+  parser.add_argument("--seeds", default="0,1,2")
+  parser.add_argument("--eval_tasks", type=int, default=100, help="held-out eval tasks per env")
+  parser.add_argument("--max_new_tokens", type=int, default=96, help="per assistant turn in evaluation")
+  parser.add_argument("--bindings", action="append", default=[], help="METHOD:BINDING or all:BINDING (repeatable)")
+  args = parser.parse_args(argv)
+  envs = [e for e in args.envs.split(",") if e]
+  seeds = [int(s) for s in args.seeds.split(",") if s]
+  requested = [m for m in args.methods.split(",") if m]
+  methods = ordered_methods(requested)
+  extra = parse_bindings(args.bindings, methods)
+  root = os.path.abspath(args.root)
+  commands: list[str] = []
+  results: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in requested}
+  for seed in seeds:
+    for method in methods:
+      directory = run_dir(root, method, seed)
+      os.makedirs(directory, exist_ok=True)
+      log = os.path.join(directory, "compare.log")
+      train = train_command(root, method, seed, envs, extra[method])
+      commands.append(shlex.join(train[1:]))
+      run(train, log)
+      out = os.path.join(directory, EVAL_FILE)
+      evaluate = eval_command(root, method, seed, envs, args.eval_tasks, args.max_new_tokens)
+      commands.append(shlex.join(evaluate[1:]))
+      if not os.path.exists(out):
+        run(evaluate, log)
+      if method in results:
+        with open(out) as f:
+          results[method][seed] = json.load(f)
+  table = summarize(results, envs)
+  text = format_table(table, envs)
+  print(f"\nheld-out success ({args.eval_tasks} eval tasks per env, greedy), mean +- std over seeds {seeds}\n{text}")
+  summary = {"envs": envs, "seeds": seeds, "eval_tasks": args.eval_tasks, "table": table, "commands": commands}
+  with open(os.path.join(root, "compare.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  return summary
+
+
+if __name__ == "__main__":
+  main()

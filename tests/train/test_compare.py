@@ -1,0 +1,83 @@
+"""launch.compare: the sweep's commands, bindings, ordering and table; and a two-method sweep end to end (tiny).
+
+  python -m pytest tests/train/test_compare.py -q
+"""
+
+import json
+import os
+
+import pytest
+
+from launch import compare
+
+SMALL_MODEL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelConfig.intermediate_size = 128"]
+
+
+def test_grpo_and_dpo_run_after_the_bc_they_start_from():
+  assert compare.ordered_methods(["grpo", "bc_x5"]) == ["bc", "grpo", "bc_x5"]
+  assert compare.ordered_methods(["bc", "dpo", "grpo"]) == ["bc", "dpo", "grpo"]
+  with pytest.raises(SystemExit, match="unknown method 'ppo'"):
+    compare.ordered_methods(["ppo"])
+
+
+def test_train_command_binds_seed_envs_dir_and_init_checkpoint(tmp_path):
+  cmd = compare.train_command(str(tmp_path), "grpo", 2, ["maze", "sql"], ["TRAIN_STEPS = 5"])
+  bindings = [a.split("=", 1)[1] for a in cmd if a.startswith("--gin_bindings=")]
+  assert "--gin_file=gin_configs/runs/grpo.gin" in cmd
+  assert f"MODEL_DIR = '{tmp_path}/grpo/seed_2'" in bindings and "SEED = 2" in bindings
+  assert "train_grpo.envs = ['maze', 'sql']" in bindings
+  assert f"INIT_CHECKPOINT = '{tmp_path}/bc/seed_2'" in bindings
+  assert bindings[-1] == "TRAIN_STEPS = 5"  # the sweep's own bindings come last and win
+  bc_x5 = compare.train_command(str(tmp_path), "bc_x5", 0, ["maze"], [])
+  assert "--gin_bindings=train_bc.expert_count = 400" in bc_x5
+  assert not any("INIT_CHECKPOINT" in a for a in bc_x5)
+
+
+def test_bindings_by_method():
+  out = compare.parse_bindings(["all:TRAIN_STEPS = 3", "grpo:train_grpo.group_size = 2"], ["bc", "grpo"])
+  assert out == {"bc": ["TRAIN_STEPS = 3"], "grpo": ["TRAIN_STEPS = 3", "train_grpo.group_size = 2"]}
+  with pytest.raises(SystemExit, match="METHOD:BINDING"):
+    compare.parse_bindings(["TRAIN_STEPS = 3"], ["bc"])
+  with pytest.raises(SystemExit, match="unknown method 'sft'"):
+    compare.parse_bindings(["sft:TRAIN_STEPS = 3"], ["bc"])
+
+
+def test_summary_is_mean_and_sample_std_over_seeds():
+  def result(maze, sql):
+    return {"envs": {"maze": {"success": maze}, "sql": {"success": sql}}, "overall": {"success": (maze + sql) / 2}}
+
+  table = compare.summarize({"bc": {0: result(0.2, 0.0), 1: result(0.4, 0.1), 2: result(0.6, 0.2)},
+                             "one": {0: result(0.5, 0.5)}}, ["maze", "sql"])
+  assert table["bc"]["maze"]["mean"] == pytest.approx(0.4)
+  assert table["bc"]["maze"]["std"] == pytest.approx(0.2)  # ddof 1: sqrt((0.04 + 0 + 0.04) / 2)
+  assert table["bc"]["sql"]["values"] == [0.0, 0.1, 0.2] and table["bc"]["sql"]["seeds"] == [0, 1, 2]
+  assert table["bc"]["overall"]["mean"] == pytest.approx(0.25)
+  assert table["one"]["maze"]["std"] == 0.0
+  text = compare.format_table(table, ["maze", "sql"])
+  assert "| bc | 0.400 +- 0.200 | 0.100 +- 0.100 | 0.250 +- 0.150 |" in text
+
+
+@pytest.mark.slow
+def test_a_tiny_sweep_trains_evaluates_and_resumes(tmp_path, monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)  # one CPU device, as users run it
+  root = tmp_path / "sweep"
+  tiny = [f"all:{b}" for b in SMALL_MODEL] + [
+      "all:TRAIN_STEPS = 2", "bc:train_bc.expert_count = 8", "bc:train_bc.batch_size = 4",
+      "bc:train_bc.buckets = (512,)", "bc:train_bc.eval_every = 0", "bc:train_bc.curriculum_steps = 0",
+      "grpo:train_grpo.tasks_per_step = 2", "grpo:train_grpo.group_size = 2", "grpo:train_grpo.max_new_tokens = 16",
+      "grpo:train_grpo.max_rounds = 2"]
+  argv = ["--root", str(root), "--methods", "bc,grpo", "--envs", "sql", "--seeds", "0", "--eval_tasks", "2",
+          "--max_new_tokens", "16", *[f"--bindings={b}" for b in tiny]]
+  summary = compare.main(argv)
+  assert set(summary["table"]) == {"bc", "grpo"}
+  for method in ("bc", "grpo"):
+    evaluated = json.loads((root / method / "seed_0" / compare.EVAL_FILE).read_text())
+    assert evaluated["split"] == "eval" and evaluated["envs"]["sql"]["num_tasks"] == 2
+    assert summary["table"][method]["sql"]["values"] == [evaluated["envs"]["sql"]["success"]]
+  assert any("INIT_CHECKPOINT" in c and "grpo.gin" in c for c in summary["commands"])
+  assert json.loads((root / "compare.json").read_text())["seeds"] == [0]
+  # Started again: the runs are complete and the evaluations are read back, not redone.
+  mtime = os.stat(root / "bc" / "seed_0" / compare.EVAL_FILE).st_mtime_ns
+  again = compare.main(argv)
+  assert again["table"] == summary["table"]
+  assert os.stat(root / "bc" / "seed_0" / compare.EVAL_FILE).st_mtime_ns == mtime
