@@ -63,12 +63,12 @@ from evolver.train import optimizer as optimizer_lib
 from evolver.train import state as state_lib
 from evolver.train import step as step_lib
 from evolver.train import trainer as trainer_lib
-from evolver.train.bc import print_success_table
 
 STEP_KEYS = ("input_ids", "loss_mask", "weights")
 MERGE_STRATEGIES = ("expert+current", "accumulate", "current")
 EXPLORE_SUBDIR = "explore"
 BASE_SUBDIR = "base"  # the train state at the curriculum's end, where every learning phase restarts
+PHASES_SUBDIR = "phases"  # the policy at each phase's end (params only): the held-out before/after table
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -474,6 +474,7 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
   val_indices = list(range(val_start, val_start + val_count))
   tokenize_fn = functools.partial(tokenize_weighted, tokenizer=tokenizer)
   base = base_checkpointer(model_dir) if curriculum_steps else None
+  phases = ckpt_lib.Checkpointer(model_dir, max_to_keep=None, async_save=False, subdir=PHASES_SUBDIR)
   windows = None
   if curriculum_steps and phase == 0 and local < curriculum_steps:
     windows = batching.window_batch_iterator(envs, expert_start, expert_count, window_batch_size,
@@ -564,6 +565,7 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
             save_best(trainer, score, {"step": step, "phase": p})
           row["val/best_success"] = best
           if phase_end:
+            save_phase_end(trainer, phases, p)
             history.append({"phase": p, "step": step, "val_success": score,
                             "val": {name: r["success"] for name, r in results["envs"].items()},
                             "explore": explore_summary, **counts})
@@ -585,36 +587,90 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
     print_history(history)
   results: dict[str, Any] = {}
   if eval_tasks:
+    eval_kwargs = dict(max_new_tokens=max_new_tokens, max_rounds=max_rounds, batch_size=rollout_batch_size)
+    by_phase = evaluate_phase_ends(trainer, phases, sampler, tokenizer, envs, eval_tasks, history, **eval_kwargs)
     results = evaluate_selected(model_dir, trainer, sampler, tokenizer, envs, eval_tasks,
-                                max_new_tokens=max_new_tokens, max_rounds=max_rounds,
-                                batch_size=rollout_batch_size)
+                                reuse={r["policy_step"]: r for r in by_phase.values()}, **eval_kwargs)
     policy_step = results["policy_step"]
     results.update(policy_phase=(policy_step - 1) // train_steps if policy_step else 0, merge=merge,
-                   num_iterations=num_iterations, phases=history)
+                   num_iterations=num_iterations, phases=history,
+                   by_phase={name: {k: r[k] for k in ("policy_step", "envs", "overall")}
+                             for name, r in by_phase.items()})
     evaluation.write_eval_results(os.path.join(model_dir, "eval_results.json"), results)
     writer.write(trainer.step, evaluation.flatten_metrics(results, "eval"))
-    print_success_table(results)
+    print_phase_table(by_phase, results)
+  phases.close()
   trainer.close()
   return results
 
 
+def save_phase_end(trainer: trainer_lib.Trainer, phases: ckpt_lib.Checkpointer, phase: int) -> None:
+  """Keeps the policy at phase `phase`'s end (a resumed run recomputing that step finds it kept already)."""
+  if trainer.step in phases.all_steps():
+    return
+  phases.save(trainer.step, trainer.state.params, None,
+              {"phase": phase, "model_config": ckpt_lib.model_config_to_json(trainer.model_config)}, force=True)
+
+
+def evaluate_phase_ends(trainer: trainer_lib.Trainer, phases: ckpt_lib.Checkpointer, sampler: Sampler,
+                        tokenizer: PreTrainedTokenizerBase, envs: Sequence[str], eval_tasks: int,
+                        history: Sequence[dict[str, Any]], **eval_kwargs: Any) -> dict[str, dict[str, Any]]:
+  """{phase name: held-out `eval` results of the policy at that phase's end}: BC's (before self-evolution)
+  and every iteration's, the before/after table."""
+  out = {}
+  abstract = ckpt_lib.abstract_of(trainer.state.params)
+  kept = set(phases.all_steps())
+  for h in history:
+    if h["step"] not in kept:
+      raise FileNotFoundError(f"the policy at the end of {phase_name(h['phase'])} (step {h['step']}) is missing "
+                              f"from {phases.directory}")
+    sampler.update_params(phases.restore_params(h["step"], abstract))
+    results = evaluation.evaluate(sampler, tokenizer, envs, split="eval", num_tasks=eval_tasks, **eval_kwargs)
+    results["policy_step"] = h["step"]
+    out[phase_name(h["phase"])] = results
+  return out
+
+
+def print_phase_table(by_phase: dict[str, dict[str, Any]], selected: dict[str, Any]) -> None:
+  """Held-out success per env at each phase's end (BC = before self-evolution) and of the val-selected policy."""
+  names = list(selected["envs"])
+  columns = list(by_phase) + ["selected"]
+  print(f"\nheld-out success ({selected['split']} split, {selected['envs'][names[0]]['num_tasks']} tasks per env; "
+        f"selected on val: step {selected['policy_step']})")
+  print(f"{'env':>10}  " + "  ".join(f"{c:>12}" for c in columns))
+  for name in names + ["overall"]:
+    values = [(r["overall"] if name == "overall" else r["envs"][name])["success"]
+              for r in [*by_phase.values(), selected]]
+    print(f"{name:>10}  " + "  ".join(f"{v:12.3f}" for v in values))
+
+
 def evaluate_selected(model_dir: str, trainer: trainer_lib.Trainer, sampler: Sampler,
                       tokenizer: PreTrainedTokenizerBase, envs: Sequence[str], eval_tasks: int,
-                      **eval_kwargs: Any) -> dict[str, Any]:
+                      reuse: dict[int, dict[str, Any]] | None = None, **eval_kwargs: Any) -> dict[str, Any]:
   """The held-out `eval` figures of the policy selected on `val` (`MODEL_DIR/best`), else of the last one.
 
   The selected weights go into the run's sampler (placed like the trainer's), so its compiled programs are
-  reused.
+  reused. `reuse`: results already computed with the same settings, by policy step (not recomputed).
   """
   if os.path.isdir(ckpt_lib.checkpoint_dir(model_dir, ckpt_lib.BEST_SUBDIR)):
-    policy, policy_step = ckpt_lib.restore_model(model_dir, best=True)
-    placement = jax.tree.map(lambda x: x.sharding, trainer.state.params)
-    sampler.update_params(jax.device_put(nnx.split(policy)[1], placement))
+    best = ckpt_lib.Checkpointer(model_dir, async_save=False, subdir=ckpt_lib.BEST_SUBDIR)
+    try:
+      policy_step = max(best.all_steps())
+    finally:
+      best.close()
     selected_on = "val"
   else:
-    sampler.update_params(trainer.state.params)
     policy_step, selected_on = trainer.step, "last step"
-  results = evaluation.evaluate(sampler, tokenizer, envs, split="eval", num_tasks=eval_tasks, **eval_kwargs)
+  if reuse and policy_step in reuse:
+    results = dict(reuse[policy_step])
+  else:
+    if selected_on == "val":
+      policy, _ = ckpt_lib.restore_model(model_dir, step=policy_step, best=True)
+      placement = jax.tree.map(lambda x: x.sharding, trainer.state.params)
+      sampler.update_params(jax.device_put(nnx.split(policy)[1], placement))
+    else:
+      sampler.update_params(trainer.state.params)
+    results = evaluation.evaluate(sampler, tokenizer, envs, split="eval", num_tasks=eval_tasks, **eval_kwargs)
   results.update(policy_step=policy_step, selected_on=selected_on)
   return results
 

@@ -28,9 +28,9 @@ def checkpoint_dir(model_dir: str, subdir: str = CHECKPOINT_SUBDIR) -> str:
 
 
 class Checkpointer:
-  """A thin wrapper over orbax's CheckpointManager for TrainState-like pytrees."""
+  """A thin wrapper over orbax's CheckpointManager for TrainState-like pytrees (`max_to_keep` None: all)."""
 
-  def __init__(self, model_dir: str, *, max_to_keep: int = 3, async_save: bool = True,
+  def __init__(self, model_dir: str, *, max_to_keep: int | None = 3, async_save: bool = True,
                subdir: str = CHECKPOINT_SUBDIR):
     self.directory = checkpoint_dir(model_dir, subdir)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,

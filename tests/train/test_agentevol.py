@@ -5,6 +5,7 @@ inside a phase with the exploration reused).
   python -m pytest tests/train/test_agentevol.py -q
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -221,9 +222,18 @@ def test_agentevol_runs_all_phases_with_global_steps(uninterrupted):
     assert os.path.exists(json_path) and os.path.exists(npz_path)
   assert ckpt_lib.Checkpointer(str(model_dir), async_save=False).latest_step() == total
   assert os.path.isdir(ckpt_lib.checkpoint_dir(str(model_dir), ckpt_lib.BEST_SUBDIR))
-  results = (model_dir / "eval_results.json").read_text()
-  assert '"phases"' in results and '"policy_step"' in results
-  assert "iteration 2" in proc.stdout and "overall" in proc.stdout
+  results = json.loads((model_dir / "eval_results.json").read_text())
+  assert [h["step"] for h in results["phases"]] == phase_ends
+  # Held out: every phase's end (BC = before self-evolution), and the val-selected policy among them.
+  kept = ckpt_lib.Checkpointer(str(model_dir), async_save=False, subdir=agentevol.PHASES_SUBDIR).all_steps()
+  assert sorted(kept) == phase_ends
+  by_phase = results["by_phase"]
+  assert list(by_phase) == ["bc", "iteration 1", "iteration 2"]
+  assert [r["policy_step"] for r in by_phase.values()] == phase_ends
+  assert all(r["envs"]["sql"]["num_tasks"] == 1 for r in by_phase.values())
+  selected = [r for r in by_phase.values() if r["policy_step"] == results["policy_step"]]
+  assert len(selected) == 1 and selected[0]["envs"] == results["envs"]
+  assert "held-out success" in proc.stdout and "iteration 2" in proc.stdout and "selected" in proc.stdout
 
 
 def test_every_learning_phase_restarts_from_the_curriculum_end(uninterrupted):
