@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import functools
-import io
 import json
 import os
 import re
@@ -26,6 +24,7 @@ import re
 import gymnasium as gym
 import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
 from minigrid.core.actions import Actions
+from minigrid.envs.babyai.core import roomgrid_level
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
 from evolver.envs import base
@@ -58,15 +57,22 @@ def task_of(index: int, split: str) -> tuple[str, int]:
   return level, seed_lists()[level][split][index // len(LEVELS)]
 
 
-def _quiet_reset(env: gym.Env, seed: int) -> None:
-  # BabyAI's level generator prints each rejected sample; keep that out of server logs and tables.
-  with contextlib.redirect_stdout(io.StringIO()):
-    env.reset(seed=seed)
+def _silence_level_generator() -> None:
+  """BabyAI's level generator prints every rejected sample ("Sampling rejected: ..."); keep that out of server
+  logs and tables: its module gets a `print` of its own that drops them (once, at import).
+
+  Not `contextlib.redirect_stdout`: that swaps the process-wide sys.stdout, and resets running in the rollout
+  engine's threads raced each other and left the process's stdout on a discarded buffer, losing every later print.
+  """
+  roomgrid_level.print = lambda *args, **kwargs: None
+
+
+_silence_level_generator()
 
 
 def bot_solution_length(env: gym.Env, seed: int, limit: int) -> int | None:
   """Steps the BabyAI bot needs on `seed`, or None if it fails or needs more than `limit`."""
-  _quiet_reset(env, seed)
+  env.reset(seed=seed)
   bot = BabyAIBot(env.unwrapped)
   for step in range(1, limit + 1):
     try:
@@ -161,7 +167,7 @@ class BabyAIEnv(base.TextEnv):
     if level not in self._worlds:
       self._worlds[level] = gym.make(level)
     self._world = self._worlds[level]
-    _quiet_reset(self._world, seed)
+    self._world.reset(seed=seed)
     self._seen = None
     self._mission = self._world.unwrapped.mission
     self._bot = BabyAIBot(self._world.unwrapped)

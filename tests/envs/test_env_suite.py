@@ -119,3 +119,30 @@ def test_textcraft_expert_splits_large_gets():
       _, _, done, info = env.step(env.expert_action())
       turns += 1
     assert info["success"], index
+
+
+def test_babyai_resets_in_threads_leave_stdout_alone(capsys, monkeypatch):
+  """The rollout engine resets envs in threads: the level generator's rejection messages are dropped without
+  touching the process-wide sys.stdout (a redirect per reset raced and lost the process's later prints)."""
+  import concurrent.futures
+  import sys
+
+  from minigrid.envs.babyai.core import roomgrid_level
+
+  seen = []
+  generate = roomgrid_level.RoomGridLevel._gen_grid
+
+  def recording(self, *args, **kwargs):
+    seen.append(sys.stdout)
+    roomgrid_level.print("Sampling rejected: (a message the generator prints)")
+    return generate(self, *args, **kwargs)
+
+  monkeypatch.setattr(roomgrid_level.RoomGridLevel, "_gen_grid", recording)
+  stdout = sys.stdout
+  worlds = [envs.make("babyai") for _ in range(4)]
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    list(pool.map(lambda i: worlds[i].reset(i, "train"), range(4)))
+  assert seen and all(s is stdout for s in seen)
+  assert sys.stdout is stdout
+  print("still here")
+  assert capsys.readouterr().out == "still here\n"
