@@ -68,7 +68,8 @@ def eval_command(root: str, method: str, seed: int, envs: Sequence[str], eval_ta
                  max_new_tokens: int) -> list[str]:
   """Greedy held-out evaluation of the run's val-selected policy (its latest when it kept none)."""
   directory = run_dir(root, method, seed)
-  best = ["--best"] if os.path.isdir(os.path.join(directory, "best")) else []
+  from evolver.train import checkpoints as ckpt_lib
+  best = ["--best"] if os.path.isdir(ckpt_lib.checkpoint_dir(directory, ckpt_lib.BEST_SUBDIR)) else []
   return [sys.executable, "-m", "launch.eval", "--model_dir", directory, *best, "--envs", ",".join(envs),
           "--split", "eval", "--num_tasks", str(eval_tasks), "--max_new_tokens", str(max_new_tokens),
           "--out", os.path.join(directory, EVAL_FILE)]

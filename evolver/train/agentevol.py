@@ -1,28 +1,34 @@
 """AgentEvol (AgentGym's self-evolution): behaviour cloning, then M rounds of explore and learn.
 
-  python -m launch.train --gin_file=gin_configs/runs/agentevol.gin --gin_bindings="MODEL_DIR='runs/agentevol'" --gin_bindings="TRAIN_STEPS=300"
+  python -m launch.train --gin_file=gin_configs/runs/agentevol.gin --gin_bindings="MODEL_DIR='runs/agentevol'" --gin_bindings="TRAIN_STEPS=1000"
 
 The paper's algorithm (not AgentGym's code, which never sampled K per instruction):
 
-  phase 0 (BC):     train the base model on the expert set D_s (expert slice of each env's `train` split).
+  phase 0 (BC):     train the base model on the expert set D_s (expert slice of each env's `train` split),
+                    its first `curriculum_steps` steps on short windows of D_s (BC's context-length curriculum).
   phase m = 1..M:   explore: the current policy (the last step of phase m-1) samples K trajectories per
                     instruction of the exploration slice at temperature T; the environment rewards them;
                     identical successful trajectories (same task, same assistant texts) are kept once.
                     learn: train **the base model again** (same base parameters, fresh optimizer state) for
                     TRAIN_STEPS steps on D_s merged with the explored trajectories, reward-weighted
                     (`binary_reward`: successes only, weight 1, AgentGym's filter; else weight = reward).
+                    With a curriculum it starts from the train state kept at the curriculum's end
+                    (`MODEL_DIR/base/`, where re-running the same curriculum would end) for the
+                    TRAIN_STEPS - curriculum_steps steps after it.
   merge strategies: `expert+current` D_s + this iteration's (the paper), `accumulate` D_s + every iteration's
                     so far (AgentGym's code), `current` this iteration's only (ablation).
 
 Every phase ends with a greedy evaluation on `val` (a fixed slice of `train` indices, disjoint from the expert and
 exploration slices) that selects the policy reported on the held-out `eval` split at the end
-(`MODEL_DIR/eval_results.json`, with the per-phase history).
+(`MODEL_DIR/eval_results.json`, with the per-phase history). Each phase's final policy is kept
+(`MODEL_DIR/phases/`); with `eval_tasks` every one is evaluated on `eval` too (BC's is the "before").
 
 Checkpoints and resume. One Trainer and one orbax directory (`MODEL_DIR/checkpoints/`) serve every phase, with
 *global* step numbers: phase p's local step s is global step p * TRAIN_STEPS + s, so the checkpoints, the
 metrics rows and TensorBoard share one monotonic axis and `launch.eval`/`INIT_CHECKPOINT` see an ordinary run.
-At a phase start the Trainer's state is replaced by a fresh TrainState (base parameters, `optimizer.init`, step
-counter p * TRAIN_STEPS); the jitted step is reused, as shapes are unchanged. A checkpoint's extras record the
+At a learning phase's start the Trainer's state is replaced by a fresh TrainState (base parameters,
+`optimizer.init`, step counter p * TRAIN_STEPS), or with a curriculum by the state kept at its end (step counter
+p * TRAIN_STEPS + curriculum_steps); the jitted step is reused, as shapes are unchanged. A checkpoint's extras record the
 phase, TRAIN_STEPS, the phase's batch-iterator position, the best val score and the per-phase history; the last
 step of a phase is always saved. On restart the latest complete checkpoint says where the run was: inside phase
 p (restore it, resume p's data iterator) or at the end of p (go on with p + 1). Each exploration is written to
