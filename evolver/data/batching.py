@@ -411,6 +411,19 @@ def next_window_batch(windows: BatchIterator, curriculum_loss: str) -> dict[str,
   return batch
 
 
+def with_context_loss(batch: dict[str, np.ndarray], weight: float) -> dict[str, np.ndarray]:
+  """The batch with its loss mask extended to the other real tokens (instruction, observations, template) at
+  `weight` in [0, 1]; the actions keep their weight. An auxiliary language-model loss on the environment's
+  text, the signal that teaches a small model to copy names from its context. weight 0 returns the batch."""
+  if not 0.0 <= weight <= 1.0:
+    raise ValueError(f"context_loss_weight must be in [0, 1], got {weight}")
+  if weight == 0.0:
+    return batch
+  actions = batch["loss_mask"].astype(np.float32)
+  context = all_tokens_mask(batch["lengths"], actions.shape[1]) * (actions == 0)
+  return dict(batch, loss_mask=actions + np.float32(weight) * context)
+
+
 def all_tokens_mask(lengths: np.ndarray, length: int) -> np.ndarray:
   """`[B, L]` float32 loss mask over every real token but the first of each row (language-model training);
   `lengths` `[B]` (0 on padding rows)."""

@@ -27,26 +27,24 @@ _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
 class KVCache(NamedTuple):
-  """Per-layer key/value buffers plus bookkeeping; a pytree.
+  """Per-layer key/value buffers plus each row's length; a pytree.
 
-  keys, values: per layer `[B, Hkv, S, hd]` (S = capacity). valid: `[B, S]` bool, which slots hold a real
-  token (left padding and finished rows leave holes). end: int32 scalar, the next slot to write (shared by
-  all rows). next_pos: `[B]` int32, the RoPE position of each row's next real token.
+  keys, values: per layer `[B, Hkv, S, hd]` (S = capacity). lengths: `[B]` int32, the tokens row b holds: its
+  slots [0, lengths[b]) are real and in order, so a token's slot is also its RoPE position and rows of
+  different lengths leave no holes (a row attends only to its own slots; capacity follows the longest row).
   """
 
   keys: tuple[jax.Array, ...]
   values: tuple[jax.Array, ...]
-  valid: jax.Array
-  end: jax.Array
-  next_pos: jax.Array
+  lengths: jax.Array
 
   @property
   def capacity(self) -> int:
-    return self.valid.shape[1]
+    return self.keys[0].shape[2]
 
   @property
   def batch_size(self) -> int:
-    return self.valid.shape[0]
+    return self.keys[0].shape[0]
 
 
 def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None) -> KVCache:
@@ -55,21 +53,21 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None) 
   shape = (batch_size, config.num_kv_heads, capacity, config.resolved_head_dim)
   zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
   return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-                 valid=jnp.zeros((batch_size, capacity), bool), end=jnp.zeros((), jnp.int32),
-                 next_pos=jnp.zeros((batch_size,), jnp.int32))
+                 lengths=jnp.zeros((batch_size,), jnp.int32))
 
 
-def grow_cache(cache: KVCache, capacity: int) -> KVCache:
-  """Pads the cache to `capacity` slots (new slots invalid). Attention cost follows capacity, so the
-  sampler grows the cache in buckets instead of allocating the maximum length up front."""
+def resize_cache(cache: KVCache, capacity: int) -> KVCache:
+  """Pads (new slots empty) or truncates the cache to `capacity` slots. Attention cost follows capacity, so the
+  sampler grows the cache in buckets instead of allocating the maximum length up front, and shrinks it when
+  the longest rows leave the batch. The caller keeps every row's length within the new capacity."""
   extra = capacity - cache.capacity
-  if extra < 0:
-    raise ValueError(f"cannot shrink a cache of {cache.capacity} slots to {capacity}")
   if extra == 0:
     return cache
-  pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
-  return cache._replace(keys=tuple(map(pad, cache.keys)), values=tuple(map(pad, cache.values)),
-                        valid=jnp.pad(cache.valid, ((0, 0), (0, extra))))
+  if extra > 0:
+    resize = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
+  else:
+    resize = lambda x: x[:, :, :capacity]
+  return cache._replace(keys=tuple(map(resize, cache.keys)), values=tuple(map(resize, cache.values)))
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float | None = None, init: str = "normal") -> nnx.Param:
@@ -150,10 +148,11 @@ class Attention(nnx.Module):
     if config.o_bias:
       self.o_bias = _param(rngs, (d,), ("embed",), pdt, init="zeros")
 
-  def __call__(self, x, positions, mask, kv_cache=None, write_index=None):
+  def __call__(self, x, positions, mask, kv_cache=None, write_slots=None):
     """x `[B, T, D]`; positions `[B, T]`; mask `[B, T, S]`. Without a cache S = T (self-attention over the
-    chunk); with `kv_cache=(k, v)` `[B, Hkv, S, hd]` the chunk's keys/values are written at `write_index`
-    first and S is the cache capacity. Returns (out `[B, T, D]`, (k, v) or None)."""
+    chunk); with `kv_cache=(k, v)` `[B, Hkv, S, hd]` each token's key/value is first written to its row's slot
+    `write_slots` `[B, T]` (slots >= S, i.e. padding, are dropped) and S is the cache capacity.
+    Returns (out `[B, T, D]`, (k, v) or None)."""
     b, t, _ = x.shape
     cfg = self.config
     g = cfg.num_groups
@@ -164,14 +163,16 @@ class Attention(nnx.Module):
     q = rope(qkv[:, :, :, :g].reshape(b, t, cfg.num_heads, -1), positions, cfg.rope_theta)
     k = rope(qkv[:, :, :, g], positions, cfg.rope_theta)
     v = qkv[:, :, :, g + 1]
-    k = k.transpose(0, 2, 1, 3)  # [B, Hkv, T, hd]
-    v = v.transpose(0, 2, 1, 3)
     if kv_cache is not None:
       k_cache, v_cache = kv_cache
-      k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, 0, write_index, 0))
-      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, 0, write_index, 0))
+      rows = jnp.arange(b, dtype=jnp.int32)[:, None]
+      # Advanced indices on the batch and slot axes: the update is laid out [B, T, Hkv, hd], as k and v are.
+      k = k_cache.at[rows, :, write_slots].set(k.astype(k_cache.dtype), mode="drop")
+      v = v_cache.at[rows, :, write_slots].set(v.astype(v_cache.dtype), mode="drop")
       new_cache = (k, v)
     else:
+      k = k.transpose(0, 2, 1, 3)  # [B, Hkv, T, hd]
+      v = v.transpose(0, 2, 1, 3)
       new_cache = None
     k = constrain(k, ("batch", "act_kv_heads", "cache_length", "head_dim"))
     v = constrain(v, ("batch", "act_kv_heads", "cache_length", "head_dim"))
@@ -216,8 +217,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, pdt, rngs=rngs)
     self.mlp = MLP(config, rngs=rngs)
 
-  def __call__(self, x, positions, mask, kv_cache=None, write_index=None):
-    attn_out, new_cache = self.attn(self.attn_norm(x), positions, mask, kv_cache, write_index)
+  def __call__(self, x, positions, mask, kv_cache=None, write_slots=None):
+    attn_out, new_cache = self.attn(self.attn_norm(x), positions, mask, kv_cache, write_slots)
     x = constrain(x + attn_out, ("batch", "length", "act_embed"))
     x = constrain(x + self.mlp(self.mlp_norm(x)), ("batch", "length", "act_embed"))
     return x, new_cache
@@ -258,15 +259,14 @@ class Decoder(nnx.Module):
       out = jnp.dot(h2, self.lm_head.get_value().astype(h.dtype), preferred_element_type=jnp.float32)
     return constrain(out.reshape(b, t, -1), ("batch", "length", "act_vocab"))
 
-  def _run_layers(self, x, positions, mask, cache: KVCache | None):
+  def _run_layers(self, x, positions, mask, cache: KVCache | None, write_slots: jax.Array | None = None):
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.keys[i], cache.values[i])
-      write_index = None if cache is None else cache.end
       if self.config.remat != "none" and cache is None:
         x, _ = nnx.remat(lambda blk, *a: blk(*a), policy=_remat_policy(self.config.remat))(layer, x, positions, mask)
       else:
-        x, kv = layer(x, positions, mask, kv, write_index)
+        x, kv = layer(x, positions, mask, kv, write_slots)
       if kv is not None:
         new_keys.append(kv[0])
         new_values.append(kv[1])
@@ -316,26 +316,26 @@ class Decoder(nnx.Module):
                     last_only: bool = True) -> tuple[jax.Array, KVCache]:
     """Runs new tokens against the cache and appends them to it.
 
-    tokens, valid: `[B, C]` (left-padded: a row's real tokens end at the chunk's last column). The chunk is
-    written at slots [end, end + C); the caller makes sure the capacity allows it. Returns logits `[B, V]`
-    at the last column (or `[B, C, V]` with last_only=False), float32, and the updated cache.
+    tokens, valid: `[B, C]`, left-padded (a row's real tokens end at the chunk's last column; a row may have
+    none). Row b's real tokens go to its slots [lengths[b], lengths[b] + n_b), which the caller keeps within
+    the capacity (slots past it are dropped). Returns logits `[B, V]` at the last column (or `[B, C, V]` with
+    last_only=False), float32, and the updated cache.
     """
     b, c = tokens.shape
     valid = valid.astype(bool)
-    positions = cache.next_pos[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1
-    positions = jnp.maximum(positions, 0)
-    slot_valid = jax.lax.dynamic_update_slice(cache.valid, valid, (0, cache.end))
+    slot = cache.lengths[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1  # [B, C]: each token's slot
+    positions = jnp.maximum(slot, 0)
+    write_slots = jnp.where(valid, slot, cache.capacity)  # padding goes past the end: dropped
     slots = jnp.arange(cache.capacity, dtype=jnp.int32)
-    query_slots = cache.end + jnp.arange(c, dtype=jnp.int32)
-    mask = slot_valid[:, None, :] & (slots[None, None, :] <= query_slots[None, :, None])
-    x, keys, values = self._run_layers(self.embed_tokens(tokens), positions, mask, cache)
+    mask = slots[None, None, :] <= slot[:, :, None]  # own earlier slots and itself (padding queries: ignored)
+    x, keys, values = self._run_layers(self.embed_tokens(tokens), positions, mask, cache, write_slots)
     if last_only:
       x = x[:, -1:]
     logits = self.logits(x)
     if last_only:
       logits = logits[:, 0]
-    new_cache = KVCache(keys=tuple(keys), values=tuple(values), valid=slot_valid, end=cache.end + c,
-                        next_pos=cache.next_pos + jnp.sum(valid, axis=1, dtype=jnp.int32))
+    new_cache = KVCache(keys=tuple(keys), values=tuple(values),
+                        lengths=cache.lengths + jnp.sum(valid, axis=1, dtype=jnp.int32))
     return logits, new_cache
 
 

@@ -37,9 +37,8 @@ Decisions worth knowing:
   episode there instead, marked truncated, without stepping the env.
 - The context limit is checked before each turn: when the history, the new tokens and a full
   `max_new_tokens` turn would not fit in `max_context_tokens`, the episode ends, marked truncated.
-- The cache is physically bounded by `Sampler.max_length` in slots, and slots include padding holes; when a
-  turn would not fit, the live rows are re-prefilled from their token histories (counted as a compaction)
-  and the rollout goes on with the same results.
+- The cache holds exactly each row's tokens (no padding), so `max_context_tokens` may be as large as the
+  sampler's `max_length`.
 """
 
 from __future__ import annotations
@@ -142,7 +141,6 @@ class RolloutStats:
   rows_generated: int = 0    # live rows summed over generate calls
   select_calls: int = 0      # times finished rows left the batch
   rows_dropped: int = 0
-  compactions: int = 0       # re-prefills forced by the cache's slot limit
   prefill_tokens: int = 0    # tokens fed to the model (prompts, new turns, pending tokens)
   sampled_tokens: int = 0
   generate_s: float = 0.0
@@ -220,10 +218,6 @@ class _Episode:
     self.logprobs.extend([0.0] * len(tokens))
 
 
-def _round_up(n: int, multiple: int) -> int:
-  return max(multiple, -(-n // multiple) * multiple)
-
-
 def _describe(error: BaseException) -> str:
   return f"{type(error).__name__}: {error}"
 
@@ -278,9 +272,9 @@ class RolloutEngine:
 
   @property
   def context_limit(self) -> int:
-    """The largest `max_context_tokens` the sampler's cache holds: `max_length` less one chunk and one cache
-    bucket of padding slack, so a fresh prefill of a full history always fits."""
-    return self.sampler.max_length - self.sampler.chunk_bucket - self.sampler.cache_bucket
+    """The largest `max_context_tokens` the sampler's cache holds: its `max_length` (slots hold real tokens
+    only)."""
+    return self.sampler.max_length
 
   # -- the public entry point -----------------------------------------------------------------------------
 
@@ -294,7 +288,7 @@ class RolloutEngine:
     limit = config.max_context_tokens or self.context_limit
     if limit > self.context_limit:
       raise ValueError(f"max_context_tokens {limit} exceeds what the sampler's cache holds ({self.context_limit} "
-                       f"= max_length {self.sampler.max_length} - chunk_bucket - cache_bucket); raise the "
+                       f"= its max_length); raise the "
                        "Sampler's max_length")
     if config.max_new_tokens >= limit:
       raise ValueError(f"max_new_tokens {config.max_new_tokens} leaves no room for a prompt in {limit} tokens")
@@ -330,12 +324,8 @@ class RolloutEngine:
         session = self.sampler.select(session, keep)
         stats.select_calls += 1
         stats.rows_dropped += len(session_rows) - len(keep)
-      if session is not None and not self._fits(session.length, [len(ep.next_tokens) + 1 for ep in live],
-                                                config.max_new_tokens):
-        session = None
-        stats.compactions += 1
       if session is None:
-        # A fresh prefill of each whole history (the first turn's prompt, or a re-prefill).
+        # A fresh prefill of each whole history (the first turn's prompt, or every turn without reuse_cache).
         chunks = [ep.tokens + ep.next_tokens for ep in live]
       else:
         chunks = [ep.next_tokens for ep in live]  # the sampler prepends each row's pending sampled token
@@ -351,13 +341,6 @@ class RolloutEngine:
       self._step_envs([ep for ep in live if not ep.ended], stats)
       self._prepare_next_turns([ep for ep in live if not ep.ended], config, limit, stats)
     self._release(episodes)
-
-  def _fits(self, start: int, row_lengths: Sequence[int], max_new_tokens: int) -> bool:
-    """Whether a generate call starting at cache slot `start` stays within the sampler's `max_length`
-    (mirrors the sampler's padding to chunk and cache buckets)."""
-    s = self.sampler
-    needed = start + _round_up(max(row_lengths), s.chunk_bucket) + max_new_tokens + 1
-    return _round_up(needed, s.cache_bucket) <= s.max_length
 
   def _start(self, episodes: list[_Episode], config: RolloutConfig, limit: int, stats: RolloutStats) -> None:
     """Acquires and resets an env per episode (in parallel), renders and tokenizes the first prompts."""
@@ -409,7 +392,7 @@ class RolloutEngine:
       if not stopped:
         ep.cut_turns += 1
         if len(tokens) < config.max_new_tokens:
-          ep.end("context")  # the sampler ran out of cache slots mid-turn (not expected: `_fits` guards it)
+          ep.end("context")  # the sampler ran out of cache slots mid-turn (not expected: the limit guards it)
         elif config.cut_turn == "end":
           ep.end("cut_turn")
 

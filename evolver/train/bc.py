@@ -37,7 +37,8 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
              eval_every: int = 0, eval_tasks: int = 0, eval_max_new_tokens: int = 96,
              curriculum_steps: int = 0, window_turns: int = 2, window_batch_size: int = 32,
              window_buckets: Sequence[int] = (256, 512), curriculum_loss: str = "all",
-             tokenizer_path: str | None = None, data_dir: str | None = None) -> dict[str, Any]:
+             context_loss_weight: float = 0.0, tokenizer_path: str | None = None,
+             data_dir: str | None = None) -> dict[str, Any]:
   """Runs (or resumes) BC. Returns the final `eval` results (empty when eval_tasks is 0).
 
   Args:
@@ -51,11 +52,15 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
       whole episodes; 0 = off.
     curriculum_loss: "all" trains the windows' every token (the observations too: the environment's text as a
       language model), "assistant" only the actions.
+    context_loss_weight: after the curriculum, the episodes' other tokens (instruction, observations) train
+      too, at this weight relative to the actions (`batching.with_context_loss`); 0 = actions only.
   """
   if not (expert_start + expert_count <= val_start or val_start + val_count <= expert_start):
     raise ValueError(f"the val slice [{val_start}, {val_start + val_count}) overlaps the expert slice "
                      f"[{expert_start}, {expert_start + expert_count})")
   batching.check_curriculum_loss(curriculum_loss)
+  if not 0.0 <= context_loss_weight <= 1.0:
+    raise ValueError(f"context_loss_weight must be in [0, 1], got {context_loss_weight}")
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
   model = trainer_lib.init_policy(seed=seed)
   if model.config.vocab_size < len(tokenizer):
@@ -91,7 +96,7 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
       if trainer.step < curriculum_steps:
         batch = batching.next_window_batch(windows, curriculum_loss)
       else:
-        batch = next(data)
+        batch = batching.with_context_loss(next(data), context_loss_weight)
       metrics = trainer.train_step({k: batch[k] for k in STEP_KEYS})
       step = trainer.step
       if not wrote_operative:

@@ -48,7 +48,7 @@ MODES = ("cached", "reprefill")
 # A later torch thread setting whose warm-up run alone exceeds this many times the best median so far
 # cannot win; its repeats are skipped.
 GIVE_UP_FACTOR = 3.0
-_JITTED = ("_prefill", "_extend", "_decode", "_grow", "_select")
+_JITTED = ("_prefill", "_extend", "_decode", "_resize", "_select")
 _MODE_NAMES = {"cached": "cache kept across turns", "reprefill": "history re-prefilled every turn"}
 _JAX_THREAD_SETTINGS = {
     # name: environment for the worker process (as the sampler suite)
@@ -175,7 +175,7 @@ def _profile_engine(engine, tasks, config) -> dict:
       "total_s": s.total_s,
       "prefill_s": timers["_prefill"] + timers["_extend"],
       "decode_s": timers["_decode"],
-      "grow_select_s": timers["_grow"] + timers["_select"],
+      "grow_select_s": timers["_resize"] + timers["_select"],
       "generate_host_s": s.generate_s - device,
       "env_s": s.env_s,
       "template_s": s.template_s,
@@ -191,7 +191,6 @@ def _profile_engine(engine, tasks, config) -> dict:
       "sampled_tokens": s.sampled_tokens,
       "rows_generated": s.rows_generated,
       "select_calls": s.select_calls,
-      "compactions": s.compactions,
   }
 
 
@@ -462,7 +461,7 @@ def summarize(workload: Workload, ours: Sequence[dict], peer: Sequence[dict], *,
           f"cache slots on average ({1e3 * p['decode_s'] / max(p['decode_steps'], 1):.2f} ms/step); "
           f"{p['prefill_tokens']} tokens fed in {p['prefill_slots']} padded slots "
           f"({p['prefill_slots'] / max(p['prefill_s'], 1e-9):.0f} slots/s); {p['sampled_tokens']} sampled; "
-          f"{p['select_calls']} batch shrinks, {p['compactions']} compactions")
+          f"{p['select_calls']} batch shrinks")
   print(f"ours, compiled programs after both modes: {best_ours['cached'].get('compiled_programs')}")
   print(f"peer: {pp['prefill_tokens']} tokens re-encoded ({pp['prefill_tokens'] / max(pp['prefill_s'], 1e-9):.0f} "
         f"tokens/s), {pp['decode_steps']} decode steps of 1 row "

@@ -192,3 +192,15 @@ def test_concat_source(trajectories):
   assert len(source) == 8 and list(source) == trajectories[:8]
   with pytest.raises(IndexError):
     source[8]
+
+
+def test_context_loss_weights_the_other_real_tokens():
+  actions = np.array([[0, 0, 1, 1, 0, 0], [0, 1, 0, 0, 0, 0]], np.float32)
+  batch = {"loss_mask": actions, "lengths": np.array([5, 3], np.int32)}
+  out = batching.with_context_loss(batch, 0.25)
+  # Actions keep 1; other real tokens but each row's first get 0.25; padding stays 0.
+  np.testing.assert_array_equal(out["loss_mask"], [[0, 0.25, 1, 1, 0.25, 0], [0, 1, 0.25, 0, 0, 0]])
+  np.testing.assert_array_equal(batch["loss_mask"], actions)  # the input batch is not modified
+  assert batching.with_context_loss(batch, 0.0) is batch
+  with pytest.raises(ValueError, match="context_loss_weight must be in"):
+    batching.with_context_loss(batch, 1.5)

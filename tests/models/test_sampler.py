@@ -146,6 +146,25 @@ def test_cache_continuation_equals_fresh_prefill(model, sampler):
     assert_logprobs_match(model, history, third.tokens[j], third.logprobs[j])
 
 
+def test_rows_hold_only_their_own_tokens_and_select_shrinks_the_cache(model, sampler):
+  # Rows of very different lengths: each holds exactly its prompt and sampled tokens (the last one pending),
+  # padding is never stored, and dropping the longest row shrinks the cache to the next longest.
+  prompts = [list(range(1, 60)), [7, 8, 9]]
+  params = SamplingParams(max_new_tokens=4, temperature=0.0)
+  out = sampler.generate(prompts, params)
+  expected = [len(p) + len(t) - 1 for p, t in zip(prompts, out.tokens)]
+  np.testing.assert_array_equal(out.session.lengths, expected)
+  assert out.session.cache.capacity == 64  # 59 + 4 tokens, rounded up to the 16-slot bucket
+  short = sampler.select(out.session, [1])
+  assert short.cache.capacity == 16 and list(short.lengths) == [expected[1]]
+  turn2 = [40, 41]
+  again = sampler.generate([turn2], params, session=short)
+  history = prompts[1] + out.tokens[1] + turn2
+  ref_tokens, ref_logprobs = greedy_reference(model, history, 4)
+  assert again.tokens[0] == ref_tokens
+  np.testing.assert_allclose(again.logprobs[0], ref_logprobs, atol=1e-4)
+
+
 def test_long_prompts_prefill_in_pieces(model):
   pieces = Sampler(model, cache_bucket=16, chunk_bucket=4, max_length=128, prefill_piece=8)
   prompts = [list(range(1, 30)), [7, 8, 9]]
