@@ -113,6 +113,8 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array)
   b, t, h, hd = q.shape
   hkv = k.shape[1]
   g = h // hkv
+  if t == 1:
+    return _single_query_attention(q, k, v, mask)
   # [B, T, Hkv, G, hd] -> [B, Hkv, G*T, hd]: query rows of one KV head form one matmul.
   qg = q.reshape(b, t, hkv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, hd)
   scores = jnp.einsum("bkmd,bksd->bkms", qg, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
@@ -121,6 +123,20 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, hkv, g * t, -1)
   out = jnp.einsum("bkms,bksd->bkmd", probs, v, preferred_element_type=jnp.float32).astype(q.dtype)
   return out.reshape(b, hkv, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
+
+
+def _single_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """`grouped_attention` for one query per row (a decode step): the same math as multiply-and-reduce
+  loops, which read the cache once per step at memory speed; XLA:CPU's batched dot with G query rows ran
+  1.6x slower at 48 rows x 704 slots. q `[B, 1, H, hd]`; k, v `[B, Hkv, S, hd]`; mask `[B, 1, S]`."""
+  b, _, h, hd = q.shape
+  hkv = k.shape[1]
+  qg = q.reshape(b, hkv, h // hkv, 1, hd).astype(jnp.float32)
+  scores = jnp.sum(qg * k[:, :, None].astype(jnp.float32), axis=-1) / math.sqrt(hd)  # [B, Hkv, G, S]
+  scores = jnp.where(mask[:, None, :, :], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1)
+  out = jnp.sum(probs[..., None] * v[:, :, None].astype(jnp.float32), axis=3)  # [B, Hkv, G, hd]
+  return out.astype(q.dtype).reshape(b, 1, h, hd)
 
 
 def _matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:

@@ -177,14 +177,17 @@ class Sampler:
   """
 
   def __init__(self, model: Decoder, *, cache_bucket: int = 64, chunk_bucket: int = 16,
-               max_length: int | None = None, prefill_piece: int = 256):
+               max_length: int | None = None, prefill_piece: int = 64):
     """
     Args:
       cache_bucket: the cache grows in steps of this many slots (attention cost follows the capacity).
       chunk_bucket: new-token chunks are padded to a multiple of this (few prefill programs).
       max_length: the most slots a row's cache may use (default: the model's max positions).
-      prefill_piece: chunks longer than this are prefilled this many tokens at a time, so a long history
-        never materialises `[B, heads, chunk, capacity]` attention scores at once.
+      prefill_piece: chunks longer than this are prefilled this many tokens at a time, each piece for the rows
+        that have tokens in it (left padding: short rows skip the leading pieces), so rows of very different
+        lengths waste little compute on padding and a long history never materialises
+        `[B, heads, chunk, capacity]` attention scores at once. 64 measured fastest of 256/128/64 on the
+        rollout benchmark (prefill 2.5 s -> 1.8 s for 48 episodes on CPU); smaller pieces compile more programs.
     """
     if prefill_piece % chunk_bucket:
       raise ValueError(f"prefill_piece ({prefill_piece}) must be a multiple of chunk_bucket ({chunk_bucket})")
@@ -197,6 +200,7 @@ class Sampler:
     self._prefill = jax.jit(self._prefill_impl, static_argnames=("static",), donate_argnums=(1,))
     self._decode = jax.jit(self._decode_impl, static_argnames=("static",), donate_argnums=(1,))
     self._extend = jax.jit(self._extend_impl, donate_argnums=(1,))
+    self._extend_rows = jax.jit(self._extend_rows_impl, donate_argnums=(1,))
     self._resize = jax.jit(resize_cache, static_argnums=(1,))
     self._select = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x if x.ndim == 0 else x[idx], tree))
 
@@ -223,6 +227,14 @@ class Sampler:
     """Appends a chunk to the cache without sampling (the leading pieces of a long prefill)."""
     _, cache = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, cache)
     return cache
+
+  def _extend_rows_impl(self, params, cache, rows, chunk, chunk_valid):
+    """`_extend` on some rows only: rows `[R]` int32 (entries >= B are padding, which writes nothing); chunk,
+    chunk_valid `[R, C]`. The rows' cache is gathered, extended and scattered back."""
+    b = cache.batch_size
+    sub = jax.tree.map(lambda x: x[jnp.minimum(rows, b - 1)], cache)
+    _, sub = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, sub)
+    return jax.tree.map(lambda full, part: full.at[rows].set(part, mode="drop"), cache, sub)
 
   def _decode_impl(self, params, state: _LoopState, knobs: _Knobs, static: _Static):
     model = nnx.merge(self.graphdef, params)
@@ -298,11 +310,24 @@ class Sampler:
     rng = jax.random.PRNGKey(seed) if isinstance(seed, int) else seed
     num_new = sampling.max_new_tokens
     static, knobs = _split_params(sampling)
-    # Long chunks: all pieces but the last only fill the cache; the last samples the first token.
+    # Long chunks: all pieces but the last only fill the cache, each for the rows that have tokens in it (chunks
+    # are left-padded, so short rows skip the leading pieces); the last piece samples every row's first token.
     last = max(0, chunk_len - self.prefill_piece)
     for begin in range(0, last, self.prefill_piece):
       piece = slice(begin, begin + self.prefill_piece)
-      cache = self._extend(self.params, cache, jnp.asarray(chunk[:, piece]), jnp.asarray(chunk_valid[:, piece]))
+      has = np.flatnonzero(chunk_valid[:, piece].any(axis=1))
+      if not len(has):
+        continue
+      sub = _batch_bucket(len(has))
+      if sub < batch:
+        row_ids = np.full(sub, batch, np.int32)
+        row_ids[:len(has)] = has
+        take = np.minimum(row_ids, batch - 1)
+        sub_valid = chunk_valid[take, piece] & (row_ids < batch)[:, None]
+        cache = self._extend_rows(self.params, cache, jnp.asarray(row_ids), jnp.asarray(chunk[take, piece]),
+                                  jnp.asarray(sub_valid))
+      else:
+        cache = self._extend(self.params, cache, jnp.asarray(chunk[:, piece]), jnp.asarray(chunk_valid[:, piece]))
     state = self._prefill(self.params, cache, jnp.asarray(chunk[:, last:]), jnp.asarray(chunk_valid[:, last:]),
                           jnp.asarray(row_live), rng, knobs, static=static)
     while True:

@@ -167,14 +167,16 @@ def test_rows_hold_only_their_own_tokens_and_select_shrinks_the_cache(model, sam
 
 def test_long_prompts_prefill_in_pieces(model):
   pieces = Sampler(model, cache_bucket=16, chunk_bucket=4, max_length=128, prefill_piece=8)
-  prompts = [list(range(1, 30)), [7, 8, 9]]
+  # Leading pieces run on the rows that have tokens there: 2, 4 and 5 of the 7 (the last padded to 6 rows).
+  prompts = [list(range(1, 30)), [7, 8, 9], list(range(3, 23)), list(range(40, 51)), list(range(9, 26)), [4, 6],
+             list(range(30, 55))]
   params = SamplingParams(max_new_tokens=6, temperature=0.0)
   out = pieces.generate(prompts, params)
   for prompt, tokens, logprobs in zip(prompts, out.tokens, out.logprobs):
     ref_tokens, ref_logprobs = greedy_reference(model, prompt, 6)
     assert tokens == ref_tokens
     np.testing.assert_allclose(logprobs, ref_logprobs, atol=1e-4)
-  second = pieces.generate([list(range(30, 50)), [3]], params, session=out.session)
+  second = pieces.generate([list(range(30, 50))] + [[3]] * 6, params, session=out.session)
   history = prompts[0] + out.tokens[0] + list(range(30, 50))
   assert second.tokens[0] == greedy_reference(model, history, 6)[0]
 
