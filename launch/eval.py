@@ -13,6 +13,7 @@ tiny tokenizer unless `--tokenizer` says otherwise. Greedy by default; `--num_sa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -91,7 +92,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--max_rounds", type=int, default=None, help="default: each env's own limit")
   parser.add_argument("--batch_size", type=int, default=64, help="episodes in flight at once")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default="eval_results.json", help="output file (or directory)")
+  parser.add_argument("--out", default=None,
+                      help="output file (or directory); default MODEL_DIR/eval_results.json with --model_dir, "
+                           "else eval_results.json")
   args = parser.parse_args(argv)
 
   names = [n.strip() for n in args.envs.split(",") if n.strip()]
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, batch_size=args.batch_size, seed=args.seed,
       env_factory=env_factory_for(urls))
   results["policy"] = source
-  path = evaluation.write_eval_results(args.out, results)
+  out = args.out or (os.path.join(args.model_dir, "eval_results.json") if args.model_dir else "eval_results.json")
+  path = evaluation.write_eval_results(out, results)
   print_table(results)
   print(f"wrote {path}")
   sys.stdout.flush()
