@@ -2,6 +2,7 @@
 
   python -m launch.compare --root runs/compare --envs maze,babyai,sql --seeds 0,1,2 --eval_tasks 100
   python -m launch.compare --root runs/compare --methods bc,grpo --bindings "grpo:TRAIN_STEPS=100"
+  python -m launch.compare --root runs/compare_cpu --recipe cpu --archive results/compare_cpu   # 2-core CPU size
 
 Every method runs through `launch.train` with its gin file (`METHODS`) on one slice layout of each env's
 `train` split (runs/agentevol.gin): D_s = [0, 80) for BC, AgentEvol's BC phase and the GRPO/DPO starting
@@ -11,6 +12,11 @@ Each run's val-selected policy (its latest where it kept none) is then evaluated
 trained resumes (or returns at once), an evaluation already written is read back, so the sweep can be stopped
 and started again. The table (per-env success, mean +- sample std over seeds) is printed and written to
 ROOT/compare.json with every command that produced it.
+
+`--archive DIR` keeps each evaluated run's record (its evaluation, metrics and operative config: kilobytes, no
+checkpoints) in DIR/METHOD/seed_S, and a run whose evaluation is found there counts as done: it is not trained
+again unless a method that starts from it (GRPO, DPO from BC) still has to run. So a sweep longer than one sitting
+can be finished seed by seed, keeping only the archive (e.g. committed under results/) between sittings.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -29,6 +36,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EVAL_FILE = "compare_eval.json"
+# What --archive keeps of a run: its held-out evaluation, learning curves and the config that produced them.
+RECORD_FILES = (EVAL_FILE, "metrics.jsonl", "operative_config.gin")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +54,22 @@ METHODS = {
     "agentevol": Method("gin_configs/runs/agentevol.gin", "train_agentevol"),
     "grpo": Method("gin_configs/runs/grpo.gin", "train_grpo", init_from="bc"),
     "dpo": Method("gin_configs/runs/dpo.gin", "train_dpo", init_from="bc"),
+}
+
+
+# Named sets of --bindings. "full": the gin files as they are (bc.gin's 3,000 steps, AgentEvol's 320 exploration
+# tasks per env: hours per run on a CPU). "cpu": the sweep sized for a 2-core CPU, the one measured in
+# results/compare_cpu (about 25 min per BC run, 1 thread; 3,000 -> 400 steps with a 100-step curriculum; GRPO
+# 16 steps of 8 tasks x 4 at learning rate 3e-4; AgentEvol explores 40 tasks per env x K=4 per iteration).
+RECIPES: dict[str, tuple[str, ...]] = {
+    "full": (),
+    "cpu": (
+        "bc:TRAIN_STEPS=400", "bc:train_bc.curriculum_steps=100", "bc:train_bc.eval_every=200",
+        "bc_x5:TRAIN_STEPS=400", "bc_x5:train_bc.curriculum_steps=100", "bc_x5:train_bc.eval_every=200",
+        "grpo:TRAIN_STEPS=16", "grpo:train_grpo.eval_every=4", "grpo:make_optimizer.learning_rate=3e-4",
+        "agentevol:TRAIN_STEPS=400", "agentevol:train_agentevol.curriculum_steps=100",
+        "agentevol:train_agentevol.explore_count=40",
+    ),
 }
 
 
@@ -69,7 +94,8 @@ def eval_command(root: str, method: str, seed: int, envs: Sequence[str], eval_ta
   """Greedy held-out evaluation of the run's val-selected policy (its latest when it kept none)."""
   directory = run_dir(root, method, seed)
   from evolver.train import checkpoints as ckpt_lib
-  best = ["--best"] if os.path.isdir(ckpt_lib.checkpoint_dir(directory, ckpt_lib.BEST_SUBDIR)) else []
+  best_dir = ckpt_lib.checkpoint_dir(os.path.join(ROOT, directory), ckpt_lib.BEST_SUBDIR)  # root may be relative
+  best = ["--best"] if os.path.isdir(best_dir) else []
   return [sys.executable, "-m", "launch.eval", "--model_dir", directory, *best, "--envs", ",".join(envs),
           "--split", "eval", "--num_tasks", str(eval_tasks), "--max_new_tokens", str(max_new_tokens),
           "--out", os.path.join(directory, EVAL_FILE)]
@@ -129,6 +155,31 @@ def format_table(table: dict[str, Any], envs: Sequence[str]) -> str:
   return "\n".join(lines)
 
 
+def evaluation_file(root: str, archive: str | None, method: str, seed: int) -> str | None:
+  """The run's written evaluation: in ROOT, else in the archive, else None."""
+  for base in (root, archive):
+    if base:
+      path = os.path.join(run_dir(base, method, seed), EVAL_FILE)
+      if os.path.exists(path):
+        return path
+  return None
+
+
+def needs_training(root: str, archive: str | None, method: str, seed: int, methods: Sequence[str]) -> bool:
+  """False when the run is evaluated and no method still to run (same seed) starts from its checkpoint."""
+  if evaluation_file(root, archive, method, seed) is None:
+    return True
+  return any(METHODS[m].init_from == method and evaluation_file(root, archive, m, seed) is None for m in methods)
+
+
+def archive_run(directory: str, destination: str) -> None:
+  """Copies the run's RECORD_FILES that exist to `destination`."""
+  os.makedirs(destination, exist_ok=True)
+  for name in RECORD_FILES:
+    if os.path.exists(os.path.join(directory, name)):
+      shutil.copyfile(os.path.join(directory, name), os.path.join(destination, name))
+
+
 def run(command: list[str], log: str) -> None:
   print("$ " + shlex.join(command[1:] if command[0] == sys.executable else command), flush=True)
   with open(log, "a") as f:
@@ -145,38 +196,51 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--eval_tasks", type=int, default=100, help="held-out eval tasks per env")
   parser.add_argument("--max_new_tokens", type=int, default=96, help="per assistant turn in evaluation")
+  parser.add_argument("--recipe", default="full", choices=sorted(RECIPES),
+                      help="a named set of bindings (RECIPES), applied before --bindings")
   parser.add_argument("--bindings", action="append", default=[], help="METHOD:BINDING or all:BINDING (repeatable)")
+  parser.add_argument("--archive", default=None,
+                      help="keep each evaluated run's record here; runs evaluated there are not redone")
   args = parser.parse_args(argv)
   envs = [e for e in args.envs.split(",") if e]
   seeds = [int(s) for s in args.seeds.split(",") if s]
   requested = [m for m in args.methods.split(",") if m]
   methods = ordered_methods(requested)
-  extra = parse_bindings(args.bindings, methods)
+  extra = parse_bindings([*RECIPES[args.recipe], *args.bindings], methods)
   root = os.path.abspath(args.root)
+  # Commands name the runs relative to the repository (where they run) when they live inside it.
+  cmd_root = os.path.relpath(root, ROOT) if root.startswith(ROOT + os.sep) else root
+  archive = os.path.abspath(args.archive) if args.archive else None
   commands: list[str] = []
   results: dict[str, dict[int, dict[str, Any]]] = {m: {} for m in requested}
   for seed in seeds:
     for method in methods:
       directory = run_dir(root, method, seed)
-      os.makedirs(directory, exist_ok=True)
       log = os.path.join(directory, "compare.log")
-      train = train_command(root, method, seed, envs, extra[method])
-      commands.append(shlex.join(train[1:]))
-      run(train, log)
-      out = os.path.join(directory, EVAL_FILE)
-      evaluate = eval_command(root, method, seed, envs, args.eval_tasks, args.max_new_tokens)
-      commands.append(shlex.join(evaluate[1:]))
-      if not os.path.exists(out):
+      train = train_command(cmd_root, method, seed, envs, extra[method])
+      if needs_training(root, archive, method, seed, methods):
+        os.makedirs(directory, exist_ok=True)
+        run(train, log)
+      evaluate = eval_command(cmd_root, method, seed, envs, args.eval_tasks, args.max_new_tokens)
+      commands += [shlex.join(train[1:]), shlex.join(evaluate[1:])]
+      out = evaluation_file(root, archive, method, seed)
+      if out is None:
         run(evaluate, log)
+        out = os.path.join(directory, EVAL_FILE)
+      if archive and os.path.exists(os.path.join(directory, EVAL_FILE)):
+        archive_run(directory, run_dir(archive, method, seed))
       if method in results:
         with open(out) as f:
           results[method][seed] = json.load(f)
   table = summarize(results, envs)
   text = format_table(table, envs)
   print(f"\nheld-out success ({args.eval_tasks} eval tasks per env, greedy), mean +- std over seeds {seeds}\n{text}")
-  summary = {"envs": envs, "seeds": seeds, "eval_tasks": args.eval_tasks, "table": table, "commands": commands}
-  with open(os.path.join(root, "compare.json"), "w") as f:
-    json.dump(summary, f, indent=2)
+  summary = {"envs": envs, "seeds": seeds, "eval_tasks": args.eval_tasks, "recipe": args.recipe, "table": table,
+             "commands": commands}
+  for directory in [root] + ([archive] if archive else []):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "compare.json"), "w") as f:
+      json.dump(summary, f, indent=2)
   return summary
 
 

@@ -42,6 +42,13 @@ def test_bindings_by_method():
     compare.parse_bindings(["sft:TRAIN_STEPS = 3"], ["bc"])
 
 
+def test_the_cpu_recipe_binds_every_method():
+  out = compare.parse_bindings(list(compare.RECIPES["cpu"]), list(compare.METHODS))
+  assert "TRAIN_STEPS=400" in out["bc"] and "TRAIN_STEPS=400" in out["bc_x5"] and "TRAIN_STEPS=16" in out["grpo"]
+  assert "train_agentevol.explore_count=40" in out["agentevol"] and out["dpo"] == []
+  assert compare.RECIPES["full"] == ()
+
+
 def test_summary_is_mean_and_sample_std_over_seeds():
   def result(maze, sql):
     return {"envs": {"maze": {"success": maze}, "sql": {"success": sql}}, "overall": {"success": (maze + sql) / 2}}
@@ -55,6 +62,23 @@ def test_summary_is_mean_and_sample_std_over_seeds():
   assert table["one"]["maze"]["std"] == 0.0
   text = compare.format_table(table, ["maze", "sql"])
   assert "| bc | 0.400 +- 0.200 | 0.100 +- 0.100 | 0.250 +- 0.150 |" in text
+
+
+def test_an_archived_evaluation_counts_as_done_unless_a_pending_run_starts_from_it(tmp_path):
+  root, archive = str(tmp_path / "runs"), str(tmp_path / "archive")
+  assert compare.needs_training(root, archive, "bc", 0, ["bc", "grpo"])  # nothing evaluated yet
+  bc_run = compare.run_dir(root, "bc", 0)
+  os.makedirs(bc_run)
+  for name, text in [(compare.EVAL_FILE, "{}"), ("metrics.jsonl", "{}\n"), ("big_checkpoint", "x")]:
+    with open(os.path.join(bc_run, name), "w") as f:
+      f.write(text)
+  compare.archive_run(bc_run, compare.run_dir(archive, "bc", 0))
+  assert sorted(os.listdir(compare.run_dir(archive, "bc", 0))) == [compare.EVAL_FILE, "metrics.jsonl"]
+  os.remove(os.path.join(bc_run, compare.EVAL_FILE))
+  assert compare.evaluation_file(root, archive, "bc", 0) == os.path.join(archive, "bc", "seed_0", compare.EVAL_FILE)
+  assert not compare.needs_training(root, archive, "bc", 0, ["bc", "bc_x5"])
+  assert compare.needs_training(root, archive, "bc", 0, ["bc", "grpo"])  # GRPO still needs BC's checkpoint
+  assert compare.needs_training(root, archive, "bc", 1, ["bc"])          # another seed is another run
 
 
 @pytest.mark.slow
@@ -81,3 +105,12 @@ def test_a_tiny_sweep_trains_evaluates_and_resumes(tmp_path, monkeypatch):
   again = compare.main(argv)
   assert again["table"] == summary["table"]
   assert os.stat(root / "bc" / "seed_0" / compare.EVAL_FILE).st_mtime_ns == mtime
+  # With an archive: the records are kept there, and a new root with only the archive trains nothing.
+  archive = tmp_path / "archive"
+  compare.main(argv + ["--archive", str(archive)])
+  assert sorted(os.listdir(archive / "grpo" / "seed_0")) == sorted(compare.RECORD_FILES)
+  assert json.loads((archive / "compare.json").read_text())["table"] == summary["table"]
+  new_root = tmp_path / "fresh"
+  from_archive = compare.main(["--root", str(new_root), *argv[2:], "--archive", str(archive)])
+  assert from_archive["table"] == summary["table"]
+  assert not (new_root / "bc").exists() and not (new_root / "grpo").exists()
