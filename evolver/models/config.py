@@ -25,7 +25,9 @@ class ModelConfig:
 
   `param_dtype` is what the weights are stored in, `dtype` what matmuls compute in; norms, softmax, logits,
   log-probabilities and losses are always float32. `remat` recomputes each layer's activations in the
-  backward pass (activation checkpointing): 'none' | 'full' | 'dots_saveable'.
+  backward pass (activation checkpointing): 'none' | 'full' | 'dots_saveable'. `causal_block` splits causal
+  self-attention without a cache (training, scoring) into query blocks of this many tokens, each attending to
+  the keys up to its own end only: the all-masked upper triangle is skipped (0: one block, the full square).
   """
 
   vocab_size: int = 32000
@@ -45,6 +47,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"
   remat: str = "none"
+  causal_block: int = 256
   model_type: str = "qwen2"
 
   def __post_init__(self):
@@ -55,6 +58,8 @@ class ModelConfig:
       raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
     if self.head_dim is None and self.hidden_size % self.num_heads:
       raise ValueError(f"hidden_size ({self.hidden_size}) is not divisible by num_heads ({self.num_heads}); set head_dim")
+    if self.causal_block < 0:
+      raise ValueError(f"causal_block must be >= 0 (0 = one block), got {self.causal_block}")
     if self.remat not in ("none", "full", "dots_saveable"):
       raise ValueError(f"remat must be 'none', 'full' or 'dots_saveable', got {self.remat!r}")
     if self.model_type not in ("qwen2", "llama"):
