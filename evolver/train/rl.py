@@ -15,6 +15,7 @@ step; the optimizer takes `ppo_epochs * num_minibatches` updates per RL step.
 import dataclasses
 import functools
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,7 +127,10 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
     while rl_step < train_steps:
       sampler.update_params(trainer.state.params)
       tasks = step_tasks(envs, explore_start, explore_count, tasks_per_step, seed, rl_step)
-      rollouts = engine.run(tasks, dataclasses.replace(config, seed=seed * 100003 + rl_step)).trajectories
+      started = time.perf_counter()
+      rolled = engine.run(tasks, dataclasses.replace(config, seed=seed * 100003 + rl_step))
+      rollouts = rolled.trajectories
+      rollout_s = time.perf_counter() - started
       kept = [t for t in rollouts if not t.failed and batching.bucket_index(len(t.token_ids), buckets) >= 0]
       row: dict[str, Any] = {
           "rollout/success": float(np.mean([t.success for t in kept])) if kept else 0.0,
@@ -134,7 +138,10 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
           "rollout/turns": float(np.mean([t.turns for t in kept])) if kept else 0.0,
           "rollout/failed": sum(t.failed for t in rollouts),
           "rollout/too_long": len(rollouts) - len(kept) - sum(t.failed for t in rollouts),
+          "rollout/sampled_tokens": rolled.stats.sampled_tokens,
+          "time/rollout_s": rollout_s,  # wall seconds of this step's episodes (sampling and env steps)
       }
+      started = time.perf_counter()
       rl_step += 1
       if kept:
         advantages = group_advantages([t.reward for t in kept], [t.group for t in kept])
@@ -151,6 +158,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
             update_metrics.append(trainer.train_step({k: batch[k][mb] for k in RL_KEYS}))
         for key, value in jax.device_get(update_metrics[-1]).items():
           row[key] = float(value)
+        row["time/update_s"] = time.perf_counter() - started  # old/reference logprobs and the PPO updates
         row["behaviour_logp_gap"] = float(np.sum((batch["old_logp"] - batch["logprobs"]) * batch["loss_mask"])
                                           / max(float(batch["loss_mask"].sum()), 1.0))
       else:
@@ -164,6 +172,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
         results = evaluation.evaluate(engine, tokenizer, envs, split="train", indices=val_indices,
                                       max_new_tokens=max_new_tokens, keep_episodes=False)
         row.update(evaluation.flatten_metrics(results, "val"))
+        row["time/val_s"] = results["seconds"]
         score = results["overall"]["success"]
         if best is None or score > best:
           best = score

@@ -107,6 +107,9 @@ def test_grpo_runs_from_a_bc_checkpoint_and_resumes(tmp_path):
   assert all("rollout/success" in r and "rollout/reward" in r for r in rows)
   trained = [r for r in rows if "pg_loss_on" in r]
   assert trained and all(np.isfinite(r["loss"]) and "kl_ref" in r and "clipfrac" in r for r in trained)
+  # Where a step's time goes: its episodes, then the update.
+  assert all(r["time/rollout_s"] > 0 and r["rollout/sampled_tokens"] > 0 for r in rows)
+  assert all(r["time/update_s"] > 0 for r in trained)
   # The recomputed behaviour log-probs match the sampler's (same weights, same tokens).
   assert all(abs(r["behaviour_logp_gap"]) < 1e-3 for r in trained)
   proc = launch("grpo.gin", run_dir, 3, *grpo)
