@@ -73,6 +73,13 @@ def print_table(results: dict[str, Any]) -> None:
         f"({results['episodes_per_s']:.2f} episodes/s)")
 
 
+def results_path(out: str | None, model_dir: str | None) -> str:
+  """Where the results go: `--out`, else the run's own MODEL_DIR/eval_results.json, else the working directory."""
+  if out:
+    return out
+  return os.path.join(model_dir, "eval_results.json") if model_dir else "eval_results.json"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--hf_checkpoint", default=None, help="a transformers directory (model + tokenizer)")
@@ -109,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, batch_size=args.batch_size, seed=args.seed,
       env_factory=env_factory_for(urls))
   results["policy"] = source
-  out = args.out or (os.path.join(args.model_dir, "eval_results.json") if args.model_dir else "eval_results.json")
+  out = results_path(args.out, args.model_dir)
   path = evaluation.write_eval_results(out, results)
   print_table(results)
   print(f"wrote {path}")

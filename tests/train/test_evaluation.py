@@ -123,6 +123,13 @@ def test_evaluate_k_samples_and_explicit_indices(sampler, tok):
     evaluate(sampler, tok, ["maze"], num_samples=3, temperature=0.0)
 
 
+def test_launch_eval_writes_next_to_the_run_unless_told():
+  from launch import eval as eval_cli
+  assert eval_cli.results_path(None, os.path.join("runs", "bc")) == os.path.join("runs", "bc", "eval_results.json")
+  assert eval_cli.results_path("elsewhere.json", os.path.join("runs", "bc")) == "elsewhere.json"
+  assert eval_cli.results_path(None, None) == "eval_results.json"  # --hf_checkpoint without --out
+
+
 def test_launch_eval_end_to_end(tok, tmp_path):
   checkpoint = str(tmp_path / "ckpt")
   save_hf(tiny_model(tok), checkpoint)
