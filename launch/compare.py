@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -176,11 +175,15 @@ def needs_training(root: str, archive: str | None, method: str, seed: int, metho
 
 
 def archive_run(directory: str, destination: str) -> None:
-  """Copies the run's RECORD_FILES that exist to `destination`."""
+  """Copies the run's RECORD_FILES that exist to `destination`, paths inside the repository made relative to it
+  (the records name their runs' directories)."""
   os.makedirs(destination, exist_ok=True)
   for name in RECORD_FILES:
     if os.path.exists(os.path.join(directory, name)):
-      shutil.copyfile(os.path.join(directory, name), os.path.join(destination, name))
+      with open(os.path.join(directory, name)) as f:
+        text = f.read().replace(ROOT + os.sep, "")
+      with open(os.path.join(destination, name), "w") as f:
+        f.write(text)
 
 
 def run(command: list[str], log: str) -> None:

@@ -69,11 +69,15 @@ def test_an_archived_evaluation_counts_as_done_unless_a_pending_run_starts_from_
   assert compare.needs_training(root, archive, "bc", 0, ["bc", "grpo"])  # nothing evaluated yet
   bc_run = compare.run_dir(root, "bc", 0)
   os.makedirs(bc_run)
-  for name, text in [(compare.EVAL_FILE, "{}"), ("metrics.jsonl", "{}\n"), ("big_checkpoint", "x")]:
+  inside = os.path.join(compare.ROOT, "runs", "bc")
+  for name, text in [(compare.EVAL_FILE, json.dumps({"model_dir": inside})), ("metrics.jsonl", "{}\n"),
+                     ("big_checkpoint", "x")]:
     with open(os.path.join(bc_run, name), "w") as f:
       f.write(text)
   compare.archive_run(bc_run, compare.run_dir(archive, "bc", 0))
   assert sorted(os.listdir(compare.run_dir(archive, "bc", 0))) == [compare.EVAL_FILE, "metrics.jsonl"]
+  with open(os.path.join(compare.run_dir(archive, "bc", 0), compare.EVAL_FILE)) as f:
+    assert json.load(f) == {"model_dir": os.path.join("runs", "bc")}  # relative to the repository
   os.remove(os.path.join(bc_run, compare.EVAL_FILE))
   assert compare.evaluation_file(root, archive, "bc", 0) == os.path.join(archive, "bc", "seed_0", compare.EVAL_FILE)
   assert not compare.needs_training(root, archive, "bc", 0, ["bc", "bc_x5"])
