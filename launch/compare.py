@@ -186,6 +186,26 @@ def archive_run(directory: str, destination: str) -> None:
         f.write(text)
 
 
+def check_reproduced(directory: str, archived: str) -> None:
+  """A run retrained because a method starts from it, with its evaluation in the archive: its training curve
+  must equal the archived one (step and loss of every row), or the archived evaluation would describe another
+  policy than the one the dependent method starts from. Raises SystemExit saying what to do."""
+  def curve(path: str) -> list[tuple[int, float]]:
+    with open(os.path.join(path, "metrics.jsonl")) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+    return [(int(r["step"]), float(r["loss"])) for r in rows if "loss" in r]
+
+  if not os.path.exists(os.path.join(archived, "metrics.jsonl")):
+    return
+  new, old = curve(directory), curve(archived)
+  if new != old:
+    differ = next((i for i, (a, b) in enumerate(zip(new, old)) if a != b), min(len(new), len(old)))
+    raise SystemExit(f"{directory} was trained again (a method starts from it) but does not reproduce the archived "
+                     f"run in {archived}: their curves differ from row {differ} on ({len(new)} vs {len(old)} rows). "
+                     "Its archived evaluation would describe another policy; delete that archive record so that "
+                     "this run is evaluated again")
+
+
 def run(command: list[str], log: str) -> None:
   print("$ " + shlex.join(command[1:] if command[0] == sys.executable else command), flush=True)
   with open(log, "a") as f:
@@ -227,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       if needs_training(root, archive, method, seed, methods):
         os.makedirs(directory, exist_ok=True)
         run(train, log)
+        if archive and evaluation_file(root, archive, method, seed) == os.path.join(
+            run_dir(archive, method, seed), EVAL_FILE):
+          check_reproduced(directory, run_dir(archive, method, seed))
       evaluate = eval_command(cmd_root, method, seed, envs, args.eval_tasks, args.max_new_tokens)
       commands += [shlex.join(train[1:]), shlex.join(evaluate[1:])]
       out = evaluation_file(root, archive, method, seed)

@@ -85,6 +85,22 @@ def test_an_archived_evaluation_counts_as_done_unless_a_pending_run_starts_from_
   assert compare.needs_training(root, archive, "bc", 1, ["bc"])          # another seed is another run
 
 
+def test_a_retrained_run_must_reproduce_its_archived_curve(tmp_path):
+  def write(directory, losses):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "metrics.jsonl"), "w") as f:
+      for step, loss in enumerate(losses, 1):
+        f.write(json.dumps({"step": step, "loss": loss, "val/overall/success": 0.5}) + "\n")
+
+  write(tmp_path / "archived", [2.0, 1.5, 1.25])
+  write(tmp_path / "same", [2.0, 1.5, 1.25])
+  write(tmp_path / "other", [2.0, 1.5, 1.2500001])
+  compare.check_reproduced(str(tmp_path / "same"), str(tmp_path / "archived"))
+  with pytest.raises(SystemExit, match="differ from row 2 on"):
+    compare.check_reproduced(str(tmp_path / "other"), str(tmp_path / "archived"))
+  compare.check_reproduced(str(tmp_path / "other"), str(tmp_path / "nothing_archived"))  # nothing to check
+
+
 @pytest.mark.slow
 def test_a_tiny_sweep_trains_evaluates_and_resumes(tmp_path, monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)  # one CPU device, as users run it
@@ -118,3 +134,11 @@ def test_a_tiny_sweep_trains_evaluates_and_resumes(tmp_path, monkeypatch):
   from_archive = compare.main(["--root", str(new_root), *argv[2:], "--archive", str(archive)])
   assert from_archive["table"] == summary["table"]
   assert not (new_root / "bc").exists() and not (new_root / "grpo").exists()
+  # GRPO's record gone from the archive: BC is trained again for it, and must reproduce its archived curve.
+  import shutil
+  shutil.rmtree(archive / "grpo")
+  again_root = tmp_path / "again"
+  retrained = compare.main(["--root", str(again_root), *argv[2:], "--archive", str(archive)])
+  assert retrained["table"]["bc"] == summary["table"]["bc"]  # read back, not evaluated again
+  assert (again_root / "bc" / "seed_0" / "metrics.jsonl").exists()
+  assert not (again_root / "bc" / "seed_0" / compare.EVAL_FILE).exists()
