@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from evolver import runtime
 from evolver.models.decoder import Decoder, KVCache, check_token_ids, init_cache, resize_cache
 
 
@@ -273,6 +274,7 @@ class Sampler:
     rows = len(new_tokens)
     if rows == 0:
       raise ValueError("generate needs at least one row")
+    runtime.release_compiled_programs()  # a program per row and cache size: see evolver/runtime.py
     if session is not None and rows != session.num_rows:
       raise ValueError(f"got {rows} rows of new tokens for a session of {session.num_rows} rows")
     for i, seq in enumerate(new_tokens):
