@@ -190,10 +190,10 @@ def check_reproduced(directory: str, archived: str) -> None:
   """A run retrained because a method starts from it, with its evaluation in the archive: its training curve
   must equal the archived one (step and loss of every row), or the archived evaluation would describe another
   policy than the one the dependent method starts from. Raises SystemExit saying what to do."""
-  def curve(path: str) -> list[tuple[int, float]]:
+  def curve(path: str) -> list[tuple[int, str]]:
     with open(os.path.join(path, "metrics.jsonl")) as f:
       rows = [json.loads(line) for line in f if line.strip()]
-    return [(int(r["step"]), float(r["loss"])) for r in rows if "loss" in r]
+    return [(int(r["step"]), repr(float(r["loss"]))) for r in rows if "loss" in r]  # repr: a NaN equals a NaN
 
   if not os.path.exists(os.path.join(archived, "metrics.jsonl")):
     return

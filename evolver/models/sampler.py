@@ -274,7 +274,7 @@ class Sampler:
     rows = len(new_tokens)
     if rows == 0:
       raise ValueError("generate needs at least one row")
-    runtime.release_compiled_programs()  # a program per row and cache size: see evolver/runtime.py
+    runtime.release_compiled_programs(min_interval_s=1.0)  # a program per row and cache size: evolver/runtime.py
     if session is not None and rows != session.num_rows:
       raise ValueError(f"got {rows} rows of new tokens for a session of {session.num_rows} rows")
     for i, seq in enumerate(new_tokens):

@@ -92,9 +92,9 @@ def test_a_retrained_run_must_reproduce_its_archived_curve(tmp_path):
       for step, loss in enumerate(losses, 1):
         f.write(json.dumps({"step": step, "loss": loss, "val/overall/success": 0.5}) + "\n")
 
-  write(tmp_path / "archived", [2.0, 1.5, 1.25])
-  write(tmp_path / "same", [2.0, 1.5, 1.25])
-  write(tmp_path / "other", [2.0, 1.5, 1.2500001])
+  write(tmp_path / "archived", [2.0, float("nan"), 1.25])  # a step with nothing to learn logs NaN
+  write(tmp_path / "same", [2.0, float("nan"), 1.25])
+  write(tmp_path / "other", [2.0, float("nan"), 1.2500001])
   compare.check_reproduced(str(tmp_path / "same"), str(tmp_path / "archived"))
   with pytest.raises(SystemExit, match="differ from row 2 on"):
     compare.check_reproduced(str(tmp_path / "other"), str(tmp_path / "archived"))
