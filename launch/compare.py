@@ -68,7 +68,7 @@ RECIPES: dict[str, tuple[str, ...]] = {
         # 4 minibatches of 8 rows: an update at 16 rows x 2,048 tokens peaked at 10.8 GB (8 rows: 5.7 GB), and two
         # GRPO runs side by side were killed for memory on a 24 GB machine.
         "grpo:TRAIN_STEPS=16", "grpo:train_grpo.eval_every=4", "grpo:make_optimizer.learning_rate=3e-4",
-        "grpo:train_grpo.num_minibatches=4",
+        "grpo:train_grpo.num_minibatches=4", "grpo:TrainerConfig.checkpoint_every=4",  # ~2 min per step here
         "agentevol:TRAIN_STEPS=400", "agentevol:train_agentevol.curriculum_steps=100",
         "agentevol:train_agentevol.explore_count=40",
     ),

@@ -123,6 +123,24 @@ def collate(examples: Sequence[TokenizedExample], pad_id: int, buckets: Sequence
   return make_batch(examples, buckets[index], pad_id, batch_size)
 
 
+def take_rows(batch: dict[str, np.ndarray], rows: np.ndarray, buckets: Sequence[int],
+              keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+  """Rows `rows` of a right-padded batch (`make_batch`'s, with its `lengths`), `[B, T]` arrays cut to the smallest
+  bucket that holds the longest of those rows.
+
+  The columns cut are padding in every kept row, so each kept token's values are unchanged, and a minibatch costs
+  what its own rows need instead of the whole batch's longest row. `keys` selects arrays (default: every array
+  with a batch axis); a bucket shorter than the batch's own length is never exceeded.
+  """
+  rows = np.asarray(rows)
+  longest = int(batch["lengths"][rows].max()) if rows.size else 0
+  width = batch["input_ids"].shape[1]
+  index = bucket_index(longest, _check_buckets(buckets))
+  length = min(buckets[index], width) if index >= 0 else width
+  keys = [k for k, v in batch.items() if np.ndim(v) >= 1] if keys is None else keys
+  return {k: batch[k][rows, :length] if np.ndim(batch[k]) == 2 else batch[k][rows] for k in keys}
+
+
 def batch_trajectories(trajectories: Sequence[Trajectory], tokenizer: PreTrainedTokenizerBase, *,
                        buckets: Sequence[int] = DEFAULT_BUCKETS, batch_size: int | None = None,
                        advantages: Sequence[float | Sequence[float]] | None = None,

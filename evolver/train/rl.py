@@ -148,14 +148,19 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
         rows = len(kept) + (-len(kept)) % num_minibatches
         batch = batching.batch_trajectories(kept, tokenizer, buckets=buckets, batch_size=rows,
                                             advantages=list(advantages))
-        batch["old_logp"] = np.asarray(_logprobs(graphdef, trainer.state.params, batch["input_ids"]))
-        batch["ref_logp"] = np.asarray(_logprobs(graphdef, ref_params, batch["input_ids"]))
+        # Every forward and update runs on its rows cut to their own longest bucket (right padding): the
+        # logprob forwards on rows grouped by length, the updates on random minibatches.
+        for key, params in (("old_logp", trainer.state.params), ("ref_logp", ref_params)):
+          batch[key] = np.zeros_like(batch["loss_mask"])
+          for chunk in np.array_split(np.argsort(batch["lengths"], kind="stable"), num_minibatches):
+            ids = batching.take_rows(batch, chunk, buckets, keys=("input_ids",))["input_ids"]
+            batch[key][chunk, :ids.shape[1]] = np.asarray(_logprobs(graphdef, params, ids))
         order = np.random.default_rng([seed, rl_step, 1])
         update_metrics = []
         for _ in range(ppo_epochs):
           perm = order.permutation(rows)
           for mb in np.array_split(perm, num_minibatches):
-            update_metrics.append(trainer.train_step({k: batch[k][mb] for k in RL_KEYS}))
+            update_metrics.append(trainer.train_step(batching.take_rows(batch, mb, buckets, keys=RL_KEYS)))
         for key, value in jax.device_get(update_metrics[-1]).items():
           row[key] = float(value)
         row["time/update_s"] = time.perf_counter() - started  # old/reference logprobs and the PPO updates

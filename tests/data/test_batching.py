@@ -70,6 +70,21 @@ def test_collate_picks_the_smallest_bucket():
     batching.collate([_example(1025)], 0, BUCKETS)
 
 
+def test_take_rows_cuts_to_the_rows_own_bucket():
+  batch = batching.make_batch([_example(300), _example(100), _example(700)], length=1024, pad_id=0, batch_size=4)
+  cut = batching.take_rows(batch, np.array([1, 0]), BUCKETS)
+  assert cut["input_ids"].shape == (2, 512) and cut["loss_mask"].shape == (2, 512)
+  np.testing.assert_array_equal(cut["input_ids"], batch["input_ids"][[1, 0], :512])
+  np.testing.assert_array_equal(cut["weights"], batch["weights"][[1, 0]])
+  assert "num_tokens" not in cut  # a scalar of the whole batch, not of these rows
+  assert batching.take_rows(batch, np.array([2, 3]), BUCKETS)["input_ids"].shape == (2, 768)
+  assert batching.take_rows(batch, np.array([3]), BUCKETS, keys=("input_ids",))["input_ids"].shape == (1, 512)
+  assert set(batching.take_rows(batch, np.array([0]), BUCKETS, keys=("input_ids", "lengths"))) == {
+      "input_ids", "lengths"}
+  # Never wider than the batch itself, whatever the buckets.
+  assert batching.take_rows(batch, np.array([2]), (4096,))["input_ids"].shape == (1, 1024)
+
+
 def test_batch_trajectories(trajectories, tokenizer):
   chosen = [trajectories[i] for i in (0, 9, 17)]
   batch = batching.batch_trajectories(chosen, tokenizer, buckets=(2048,), batch_size=4, advantages=[1.0, -1.0, 0.5],
