@@ -144,8 +144,8 @@ def take_rows(batch: dict[str, np.ndarray], rows: np.ndarray, buckets: Sequence[
 def batch_trajectories(trajectories: Sequence[Trajectory], tokenizer: PreTrainedTokenizerBase, *,
                        buckets: Sequence[int] = DEFAULT_BUCKETS, batch_size: int | None = None,
                        advantages: Sequence[float | Sequence[float]] | None = None,
-                       weights: Sequence[float] | None = None, train_on_opening: bool = False
-                       ) -> dict[str, np.ndarray]:
+                       weights: Sequence[float] | None = None, train_on_opening: bool = False,
+                       truncate: bool = False) -> dict[str, np.ndarray]:
   """A padded batch from trajectories (a rollout's), with optional per-trajectory advantages and weights.
 
   Args:
@@ -156,6 +156,8 @@ def batch_trajectories(trajectories: Sequence[Trajectory], tokenizer: PreTrained
     advantages: per trajectory, a scalar or per-turn list (default 1.0).
     weights: per trajectory (default 1.0).
     train_on_opening: see `tokenize_trajectory`.
+    truncate: cut a trajectory longer than the largest bucket to it (its later tokens are not trained) instead of
+      raising TooLongError: for RL, where a long episode still has a reward and an advantage for its early actions.
   """
   n = len(trajectories)
   advantages = [1.0] * n if advantages is None else advantages
@@ -164,6 +166,8 @@ def batch_trajectories(trajectories: Sequence[Trajectory], tokenizer: PreTrained
     raise ValueError(f"{n} trajectories but {len(advantages)} advantages and {len(weights)} weights")
   examples = [tokenize_trajectory(t, tokenizer, train_on_opening=train_on_opening, advantage=a, weight=w)
               for t, a, w in zip(trajectories, advantages, weights)]
+  if truncate:
+    examples = [e.truncated(max(buckets)) for e in examples]
   return collate(examples, pad_id_of(tokenizer), buckets, batch_size)
 
 

@@ -62,6 +62,13 @@ class TokenizedExample:
   def __len__(self) -> int:
     return int(self.input_ids.shape[0])
 
+  def truncated(self, length: int) -> "TokenizedExample":
+    """The first `length` tokens (itself when no longer): the later tokens are neither seen nor trained."""
+    if len(self) <= length:
+      return self
+    return dataclasses.replace(self, **{k: getattr(self, k)[:length] for k in
+                                        ("input_ids", "loss_mask", "exp_mask", "advantages", "logprobs")})
+
 
 def opening_index(messages: Sequence[Message]) -> int | None:
   """The index of AgentGym's opening reply: the "Ok." that answers the first user message (the instruction).

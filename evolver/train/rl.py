@@ -131,13 +131,17 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
       rolled = engine.run(tasks, dataclasses.replace(config, seed=seed * 100003 + rl_step))
       rollouts = rolled.trajectories
       rollout_s = time.perf_counter() - started
-      kept = [t for t in rollouts if not t.failed and batching.bucket_index(len(t.token_ids), buckets) >= 0]
+      # Every episode the environment scored counts, however long: its reward is in its group's baseline, and one
+      # longer than the largest bucket trains on its first buckets[-1] tokens (its later actions are not trained).
+      # Dropping long episodes instead would drop most failures (they run to the turn limit) and leave groups
+      # whose only members are successes, with no advantage at all.
+      kept = [t for t in rollouts if not t.failed]
       row: dict[str, Any] = {
           "rollout/success": float(np.mean([t.success for t in kept])) if kept else 0.0,
           "rollout/reward": float(np.mean([t.reward for t in kept])) if kept else 0.0,
           "rollout/turns": float(np.mean([t.turns for t in kept])) if kept else 0.0,
           "rollout/failed": sum(t.failed for t in rollouts),
-          "rollout/too_long": len(rollouts) - len(kept) - sum(t.failed for t in rollouts),
+          "rollout/truncated": sum(batching.bucket_index(len(t.token_ids), buckets) < 0 for t in kept),
           "rollout/sampled_tokens": rolled.stats.sampled_tokens,
           "time/rollout_s": rollout_s,  # wall seconds of this step's episodes (sampling and env steps)
       }
@@ -147,7 +151,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
         advantages = group_advantages([t.reward for t in kept], [t.group for t in kept])
         rows = len(kept) + (-len(kept)) % num_minibatches
         batch = batching.batch_trajectories(kept, tokenizer, buckets=buckets, batch_size=rows,
-                                            advantages=list(advantages))
+                                            advantages=list(advantages), truncate=True)
         # Every forward and update runs on its rows cut to their own longest bucket (right padding): the
         # logprob forwards on rows grouped by length, the updates on random minibatches.
         for key, params in (("old_logp", trainer.state.params), ("ref_logp", ref_params)):

@@ -99,6 +99,21 @@ def test_batch_trajectories(trajectories, tokenizer):
   np.testing.assert_array_equal(batch["weights"], [1.0, 0.0, 0.5, 0.0])
 
 
+def test_batch_trajectories_truncates_long_ones_to_the_largest_bucket(trajectories, tokenizer, lengths):
+  long, short = int(np.argmax(lengths)), int(np.argmin(lengths))
+  assert lengths[long] > 512 >= lengths[short]
+  chosen = [trajectories[long], trajectories[short]]
+  with pytest.raises(batching.TooLongError):
+    batching.batch_trajectories(chosen, tokenizer, buckets=(256, 512), advantages=[-1.0, 1.0])
+  batch = batching.batch_trajectories(chosen, tokenizer, buckets=(256, 512), advantages=[-1.0, 1.0], truncate=True)
+  assert batch["input_ids"].shape == (2, 512)
+  full = tokenize_trajectory(trajectories[long], tokenizer, advantage=-1.0)
+  np.testing.assert_array_equal(batch["input_ids"][0], full.input_ids[:512])
+  np.testing.assert_array_equal(batch["advantages"][0], full.advantages[:512])
+  np.testing.assert_array_equal(batch["lengths"], [512, lengths[short]])
+  assert batch["loss_mask"][0].sum() > 0 and full.truncated(10_000) is full
+
+
 def test_shapes_come_from_the_buckets_and_long_examples_are_dropped(trajectories, tokenizer, lengths):
   iterator = _iterator(trajectories, tokenizer)
   too_long = sum(n > BUCKETS[-1] for n in lengths)
