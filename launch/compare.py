@@ -59,15 +59,17 @@ METHODS = {
 # Named sets of --bindings. "full": the gin files as they are (bc.gin's 3,000 steps, AgentEvol's 320 exploration
 # tasks per env: hours per run on a CPU). "cpu": the sweep sized for a 2-core CPU, the one measured in
 # results/compare_cpu (about 25 min per BC run, 1 thread; 3,000 -> 400 steps with a 100-step curriculum; GRPO
-# 16 steps of 8 tasks x 4 at learning rate 3e-4 in 4 minibatches; AgentEvol explores 40 tasks per env x K=4 per iteration).
+# 16 steps of 8 tasks x 4 at learning rate 1e-4 in 4 minibatches; AgentEvol explores 40 tasks per env x K=4 per iteration).
 RECIPES: dict[str, tuple[str, ...]] = {
     "full": (),
     "cpu": (
         "bc:TRAIN_STEPS=400", "bc:train_bc.curriculum_steps=100", "bc:train_bc.eval_every=200",
         "bc_x5:TRAIN_STEPS=400", "bc_x5:train_bc.curriculum_steps=100", "bc_x5:train_bc.eval_every=200",
         # 4 minibatches of 8 rows: an update at 16 rows x 2,048 tokens peaked at 10.8 GB (8 rows: 5.7 GB), and two
-        # GRPO runs side by side were killed for memory on a 24 GB machine.
-        "grpo:TRAIN_STEPS=16", "grpo:train_grpo.eval_every=4", "grpo:make_optimizer.learning_rate=3e-4",
+        # GRPO runs side by side were killed for memory on a 24 GB machine. Learning rate 1e-4: at 3e-4 (constant,
+        # Adam) the first step's approx KL was 0.063 and the policy fell apart within 5 steps (rollout success
+        # 0.25 -> 0.06, episodes cut at 2,048 tokens 1 -> 19 of 32); PPO's usual regime is ~0.01 per update.
+        "grpo:TRAIN_STEPS=16", "grpo:train_grpo.eval_every=4", "grpo:make_optimizer.learning_rate=1e-4",
         "grpo:train_grpo.num_minibatches=4", "grpo:TrainerConfig.checkpoint_every=4",  # ~2 min per step here
         "agentevol:TRAIN_STEPS=400", "agentevol:train_agentevol.curriculum_steps=100",
         "agentevol:train_agentevol.explore_count=40",
