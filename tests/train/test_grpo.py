@@ -127,7 +127,9 @@ def test_grpo_runs_from_a_bc_checkpoint_and_resumes(tmp_path):
          "train_bc.buckets = (512,)", "train_bc.eval_every = 0", "train_bc.curriculum_steps = 0")
   grpo = ["train_grpo.envs = ['sql', 'maze']", "train_grpo.tasks_per_step = 2", "train_grpo.group_size = 2",
           "train_grpo.max_new_tokens = 16", "train_grpo.max_rounds = 2", "train_grpo.num_minibatches = 2",
-          f"INIT_CHECKPOINT = '{bc_dir}'", "TrainerConfig.checkpoint_every = 1"]
+          f"INIT_CHECKPOINT = '{bc_dir}'", "TrainerConfig.checkpoint_every = 1",
+          # Prompts are ~250-290 tokens: a two-turn episode outgrows 320 and is cut to it, not dropped.
+          "train_grpo.buckets = (320,)"]
   run_dir = tmp_path / "grpo"
   launch("grpo.gin", run_dir, 2, *grpo)
   rows = metrics_lib.read_metrics(str(run_dir))
@@ -140,6 +142,7 @@ def test_grpo_runs_from_a_bc_checkpoint_and_resumes(tmp_path):
   assert all(r["time/update_s"] > 0 for r in trained)
   # The recomputed behaviour log-probs match the sampler's (same weights, same tokens).
   assert all(abs(r["behaviour_logp_gap"]) < 1e-3 for r in trained)
+  assert sum(r["rollout/truncated"] for r in rows) > 0
   proc = launch("grpo.gin", run_dir, 3, *grpo)
   assert "resuming at step 2" in proc.stdout
   assert [r["step"] for r in metrics_lib.read_metrics(str(run_dir))] == [1, 2, 3]
