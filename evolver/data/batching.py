@@ -424,6 +424,11 @@ def check_curriculum_loss(curriculum_loss: str) -> None:
     raise ValueError(f"curriculum_loss must be one of {CURRICULUM_LOSSES}, got {curriculum_loss!r}")
 
 
+def check_context_loss_weight(weight: float) -> None:
+  if not 0.0 <= weight <= 1.0:
+    raise ValueError(f"context_loss_weight must be in [0, 1], got {weight}")
+
+
 def next_window_batch(windows: BatchIterator, curriculum_loss: str) -> dict[str, np.ndarray]:
   """The curriculum's next batch: with `curriculum_loss` "all" every real token of the windows trains (the
   environment's text as a language model), with "assistant" only the actions."""
@@ -433,12 +438,20 @@ def next_window_batch(windows: BatchIterator, curriculum_loss: str) -> dict[str,
   return batch
 
 
+def next_training_batch(data: BatchIterator, windows: BatchIterator | None, in_curriculum: bool,
+                        curriculum_loss: str, context_loss_weight: float) -> dict[str, np.ndarray]:
+  """The next batch of a BC-style phase: a window batch inside the curriculum (`next_window_batch`), else a
+  batch of whole episodes with the context loss at `context_loss_weight` (`with_context_loss`)."""
+  if in_curriculum:
+    return next_window_batch(windows, curriculum_loss)
+  return with_context_loss(next(data), context_loss_weight)
+
+
 def with_context_loss(batch: dict[str, np.ndarray], weight: float) -> dict[str, np.ndarray]:
   """The batch with its loss mask extended to the other real tokens (instruction, observations, template) at
   `weight` in [0, 1]; the actions keep their weight. An auxiliary language-model loss on the environment's
   text, the signal that teaches a small model to copy names from its context. weight 0 returns the batch."""
-  if not 0.0 <= weight <= 1.0:
-    raise ValueError(f"context_loss_weight must be in [0, 1], got {weight}")
+  check_context_loss_weight(weight)
   if weight == 0.0:
     return batch
   actions = batch["loss_mask"].astype(np.float32)

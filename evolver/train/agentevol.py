@@ -419,7 +419,7 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
                     max_rounds: int | None = None, rollout_batch_size: int = 64, curriculum_steps: int = 0,
                     window_turns: int = 2, window_batch_size: int = 16,
                     window_buckets: Sequence[int] = (256, 512), curriculum_loss: str = "all",
-                    tokenizer_path: str | None = None, data_dir: str | None = None) -> dict[str, Any]:
+                    context_loss_weight: float = 0.0, tokenizer_path: str | None = None, data_dir: str | None = None) -> dict[str, Any]:
   """Runs (or resumes) AgentEvol. Returns the final `eval` results (empty when eval_tasks is 0).
 
   Args:
@@ -445,6 +445,9 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
       the curriculum's end is kept (`MODEL_DIR/base/`) and every learning phase restarts from it at local step
       `curriculum_steps + 1`: exactly where re-running the same curriculum from the base model would put it, so
       the learning phases' logged steps start there. 0 = off (every phase from the base model at step 1).
+    context_loss_weight: outside the curriculum, every phase's episodes (expert and explored) also train on
+      their other tokens (instruction, observations) at this weight relative to the actions, scaled by the
+      trajectory's weight like its actions (as `train_bc`'s; `batching.with_context_loss`). 0 = actions only.
   """
   check_disjoint({"expert": (expert_start, expert_count), "val": (val_start, val_count),
                   "exploration": (explore_start, explore_count)})
@@ -456,6 +459,7 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
     raise ValueError(f"curriculum_steps ({curriculum_steps}) must be in [0, TRAIN_STEPS={train_steps}): every "
                      "phase needs steps on its own data after the curriculum")
   batching.check_curriculum_loss(curriculum_loss)
+  batching.check_context_loss_weight(context_loss_weight)
   envs = list(envs)
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
   model = trainer_lib.init_policy(seed=seed)
@@ -547,7 +551,7 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
     try:
       while trainer.step < start + train_steps:
         in_curriculum = p == 0 and trainer.step - start < curriculum_steps
-        batch = batching.next_window_batch(windows, curriculum_loss) if in_curriculum else next(data)
+        batch = batching.next_training_batch(data, windows, in_curriculum, curriculum_loss, context_loss_weight)
         metrics = trainer.train_step({k: batch[k] for k in STEP_KEYS})
         step = trainer.step
         local_step = step - start

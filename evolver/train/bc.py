@@ -59,8 +59,7 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
     raise ValueError(f"the val slice [{val_start}, {val_start + val_count}) overlaps the expert slice "
                      f"[{expert_start}, {expert_start + expert_count})")
   batching.check_curriculum_loss(curriculum_loss)
-  if not 0.0 <= context_loss_weight <= 1.0:
-    raise ValueError(f"context_loss_weight must be in [0, 1], got {context_loss_weight}")
+  batching.check_context_loss_weight(context_loss_weight)
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
   model = trainer_lib.init_policy(seed=seed)
   if model.config.vocab_size < len(tokenizer):
@@ -93,10 +92,8 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
   bar = tqdm(total=train_steps, initial=trainer.step, desc="bc", unit="step", dynamic_ncols=True)
   try:
     while trainer.step < train_steps:
-      if trainer.step < curriculum_steps:
-        batch = batching.next_window_batch(windows, curriculum_loss)
-      else:
-        batch = batching.with_context_loss(next(data), context_loss_weight)
+      batch = batching.next_training_batch(data, windows, trainer.step < curriculum_steps, curriculum_loss,
+                                           context_loss_weight)
       metrics = trainer.train_step({k: batch[k] for k in STEP_KEYS})
       step = trainer.step
       if not wrote_operative:

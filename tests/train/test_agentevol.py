@@ -252,7 +252,7 @@ def test_every_learning_phase_restarts_from_the_curriculum_end(uninterrupted):
 def test_without_curriculum_every_phase_starts_from_the_base_model(tmp_path):
   model_dir = tmp_path / "run"
   train(model_dir, "train_agentevol.curriculum_steps = 0", "train_agentevol.num_iterations = 1",
-        "train_agentevol.eval_tasks = 0")
+        "train_agentevol.eval_tasks = 0", "train_agentevol.context_loss_weight = 0.0")
   rows = train_rows(model_dir)
   assert sorted(rows) == list(range(1, 2 * TRAIN_STEPS + 1))
   config = ckpt_lib.restore_model(str(model_dir))[0].config  # the run's architecture, as its checkpoints say
@@ -262,6 +262,21 @@ def test_without_curriculum_every_phase_starts_from_the_base_model(tmp_path):
     assert rows[p * TRAIN_STEPS + 1]["start_param_norm"] == pytest.approx(base_norm, rel=1e-6), p
   assert abs(rows[TRAIN_STEPS]["param_norm"] - base_norm) > 1e-3 * base_norm
   assert not os.path.exists(os.path.join(model_dir, agentevol.BASE_SUBDIR))
+
+
+def test_whole_episodes_train_their_observations_at_the_gin_context_weight(uninterrupted, tmp_path):
+  # agentevol.gin's context_loss_weight (0.25, as bc.gin's): the first whole-episode batch after the curriculum
+  # is BC data's first batch, the same one a run without curriculum and without context loss starts with, so
+  # their loss-token counts differ by a quarter of that batch's observation tokens.
+  model_dir = tmp_path / "actions_only"
+  train(model_dir, "train_agentevol.curriculum_steps = 0", "train_agentevol.num_iterations = 0",
+        "train_agentevol.eval_tasks = 0", "train_agentevol.context_loss_weight = 0.0")
+  actions = train_rows(model_dir)[1]["num_tokens"]
+  with_context = train_rows(uninterrupted[0])[CURRICULUM + 1]["num_tokens"]
+  context_tokens = (with_context - actions) / 0.25
+  assert context_tokens >= 1 and context_tokens == pytest.approx(round(context_tokens), abs=1e-3)
+  proc = train(tmp_path / "bad", "train_agentevol.context_loss_weight = 1.5", check=False)
+  assert proc.returncode != 0 and "context_loss_weight must be in [0, 1], got 1.5" in proc.stderr
 
 
 def test_curriculum_must_leave_steps_and_match_on_resume(uninterrupted, tmp_path):
