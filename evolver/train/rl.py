@@ -113,8 +113,8 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
   trainer_lib.write_gin_config(model_dir)
   extra = trainer.restore_latest() or {}
   best = extra.get("best_val")
-  writer = trainer.open_metrics()
-  rl_step = trainer.step // updates_per_step
+  rl_step = trainer.step // updates_per_step  # rows are logged per RL step, not per update
+  writer = trainer.open_metrics(resume_step=rl_step)
   if rl_step:
     print(f"[grpo] resuming at step {rl_step}")
   sampler = Sampler(trainer.policy())

@@ -110,9 +110,10 @@ class Trainer:
       raise RuntimeError(f"checkpoint {latest} holds state of step {int(self.state.step)}")
     return extra
 
-  def open_metrics(self) -> MetricsWriter:
-    """The metrics writer, dropping rows past the current (restored) step."""
-    self.writer = MetricsWriter(self.model_dir, resume_step=self.step)
+  def open_metrics(self, resume_step: int | None = None) -> MetricsWriter:
+    """The metrics writer, dropping rows past the restored step: `resume_step` in the loop's own unit of
+    logged steps (GRPO logs one row per RL step of several updates), default the trainer's update step."""
+    self.writer = MetricsWriter(self.model_dir, resume_step=self.step if resume_step is None else resume_step)
     return self.writer
 
   def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
