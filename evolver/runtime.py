@@ -7,11 +7,11 @@ passed 20,000 regions within three minutes, and at the limit compilation fails (
 allocate memory") and the process aborts. `release_compiled_programs` drops JAX's caches of compiled programs
 before that; they are compiled again on next use (read back from the persistent compilation cache when on).
 
-The programs hold memory too, about 0.1 MB a region: two CPU runs side by side (AgentEvol at 14 GB, GRPO at
-6-12 GB) were OOM-killed on a 24 GB machine. So the default releases at 5% of the limit (~3,300 regions, ~100
-programs). Measured, a 120-episode held-out evaluation of the tiny default (one CPU core): releasing at 50% /
-10% / 5% of the limit peaked at 4.81 / 3.57 / 2.62 GB resident in 158 / 163 / 161 s (0 / 3 / 8 releases),
-with the persistent compilation cache on.
+The programs hold memory too, about 0.1 MB a region (two CPU runs side by side, AgentEvol at 14 GB and GRPO at
+6-12 GB, were OOM-killed on a 24 GB machine), but releasing sooner costs more than it saves: measured, at 5% of
+the limit a 120-episode evaluation peaked at 2.62 GB resident instead of 4.81 GB, while the rollout benchmark
+ran 4.8x slower (11.0 vs 2.29 s): its working set of programs is above 5%, so every generate call released them
+and traced them again. Hence half the limit.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def map_limit() -> int | None:
 _last_count_s = float("-inf")
 
 
-def release_compiled_programs(fraction: float = 0.05, *, min_interval_s: float = 0.0, regions: int | None = None,
+def release_compiled_programs(fraction: float = 0.5, *, min_interval_s: float = 0.0, regions: int | None = None,
                               limit: int | None = None) -> bool:
   """Clears JAX's compiled-program caches when the process maps more than `fraction` of the kernel's limit of
   regions; returns True when it did. Counting reads /proc/self/maps (~12 ms at 30,000 regions), so callers on a
