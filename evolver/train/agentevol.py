@@ -419,7 +419,8 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
                     max_rounds: int | None = None, rollout_batch_size: int = 64, curriculum_steps: int = 0,
                     window_turns: int = 2, window_batch_size: int = 16,
                     window_buckets: Sequence[int] = (256, 512), curriculum_loss: str = "all",
-                    context_loss_weight: float = 0.0, tokenizer_path: str | None = None, data_dir: str | None = None) -> dict[str, Any]:
+                    context_loss_weight: float = 0.0, tokenizer_path: str | None = None,
+                    data_dir: str | None = None) -> dict[str, Any]:
   """Runs (or resumes) AgentEvol. Returns the final `eval` results (empty when eval_tasks is 0).
 
   Args:
