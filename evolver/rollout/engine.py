@@ -58,8 +58,10 @@ Extension points for RL loops:
 - Per-turn records, one per sampled turn: `turn_spans`, `step_rewards`, `state_keys` (the env's
   `state_key()` right before the step, in the same env-thread call; the observation the action answered for
   envs without one) and, with `record_expert_actions`, `expert_actions` (`env.expert_action()` at that state;
-  None where it raises). A turn that ends the episode without stepping the env (`cut_turn="end"`, or out of
-  context mid-turn) still records its state (and expert action), and its step reward is the unchanged score.
+  None where it raises) and, with `record_measures`, `step_measures` (`env.measures()` right before and right
+  after the step: the step judges' cost to go and progress, `evolver.credit.judges`). A turn that ends the
+  episode without stepping the env (`cut_turn="end"`, or out of context mid-turn) still records its state (and
+  expert action; its "after" measures are its "before"), and its step reward is the unchanged score.
 """
 
 from __future__ import annotations
@@ -161,6 +163,8 @@ class RolloutConfig:
   max_new_tokens without an end-of-turn token does (module docstring). seed: sampling randomness; each
   episode's key derives from it, the task and the sample index (module docstring), so RL loops set it per step.
   record_expert_actions: also record `env.expert_action()` at every sampled turn's state (`Rollout.expert_actions`).
+  record_measures: also record `env.measures()` before and after every sampled turn's step
+  (`Rollout.step_measures`; envs without `measures()` record None for both).
   """
 
   max_new_tokens: int = 128
@@ -175,6 +179,7 @@ class RolloutConfig:
   cut_turn: str = "continue"
   seed: int = 0
   record_expert_actions: bool = False
+  record_measures: bool = False
 
   def __post_init__(self):
     if self.num_samples < 1:
@@ -212,6 +217,9 @@ class Rollout(Trajectory):
   state_keys: list[str] = dataclasses.field(default_factory=list)
   # `env.expert_action()` at each of those states (None where it raised); None when not recorded.
   expert_actions: list[str | None] | None = None
+  # {"before": env.measures(), "after": env.measures()} around each of those steps (values None where the env
+  # has no measure); None when not recorded.
+  step_measures: list[dict[str, dict[str, Any]]] | None = None
   opening_len: int = 0       # messages of the opening as the policy saw it
   prompt_len: int = 0        # tokens of the first prompt (the opening rendered with the generation prompt)
   base_opening: list[Message] | None = None  # the opening before `transform_openings` changed it; None if unchanged
@@ -231,6 +239,7 @@ class RolloutStats:
   prefill_tokens: int = 0    # tokens fed to the model (prompts, new turns, pending tokens)
   sampled_tokens: int = 0
   expert_errors: int = 0     # turns whose `env.expert_action()` raised (record_expert_actions)
+  measure_errors: int = 0    # turns whose `env.measures()` raised (record_measures)
   generate_s: float = 0.0
   env_s: float = 0.0
   template_s: float = 0.0    # rendering and tokenizing
@@ -309,6 +318,7 @@ class _Episode:
   step_rewards: list[float] = dataclasses.field(default_factory=list)
   state_keys: list[str] = dataclasses.field(default_factory=list)
   expert_actions: list[str | None] = dataclasses.field(default_factory=list)
+  step_measures: list[dict[str, dict[str, Any]]] = dataclasses.field(default_factory=list)
   observation: str = ""  # the env's latest observation (what the next action answers)
   opening_len: int = 0
   prompt_len: int = 0
@@ -621,10 +631,10 @@ class RolloutEngine:
                       "the observation each action answered as the action's state key", stacklevel=2)
       futures.append(self._pool.submit(_observe_and_step, ep.env, ep.messages[-1].content, not ep.ended,
                                        ep.observation if not has_state_key else None,
-                                       config.record_expert_actions))
+                                       config.record_expert_actions, config.record_measures))
     for ep, future in zip(episodes, futures):
       try:
-        state_key, expert, expert_failed, result = future.result()
+        state_key, expert, expert_failed, measures, measure_errors, result = future.result()
       except Exception as error:  # pylint: disable=broad-except
         ep.end("error", _describe(error))
         continue
@@ -632,6 +642,9 @@ class RolloutEngine:
       if config.record_expert_actions:
         ep.expert_actions.append(expert)
         stats.expert_errors += expert_failed
+      if config.record_measures:
+        ep.step_measures.append(measures)
+        stats.measure_errors += measure_errors
       if result is None:  # ended without a step: the score stands
         ep.step_rewards.append(ep.reward)
         continue
@@ -692,11 +705,28 @@ def _close_env(env: Any) -> None:
       pass  # closing is best effort: the server reaps idle sessions
 
 
-def _observe_and_step(env: Any, text: str, step: bool, observation: str | None, record_expert: bool
-                      ) -> tuple[str, str | None, bool, tuple[str, float, bool, dict[str, Any]] | None]:
+_NO_MEASURES = {"cost_to_go": None, "progress": None}
+
+
+def _measures(env: Any) -> tuple[dict[str, Any], bool]:
+  """`env.measures()` (no measures for envs without it) and whether it raised (then no measures)."""
+  measure = getattr(env, "measures", None)
+  if not callable(measure):
+    return dict(_NO_MEASURES), False
+  try:
+    return {**_NO_MEASURES, **measure()}, False
+  except Exception:  # pylint: disable=broad-except
+    return dict(_NO_MEASURES), True
+
+
+def _observe_and_step(env: Any, text: str, step: bool, observation: str | None, record_expert: bool,
+                      record_measures: bool = False
+                      ) -> tuple[str, str | None, bool, dict[str, dict[str, Any]] | None, int,
+                                 tuple[str, float, bool, dict[str, Any]] | None]:
   """One env-thread call: the state's key (`env.state_key()`, or `observation` when given: envs without one),
-  the expert action there if asked (None and a True flag where it raises), then the step (None if `step` is
-  False). Returns (state_key, expert_action, expert_failed, step result)."""
+  the expert action there if asked (None and a True flag where it raises), the measures before the step if
+  asked, the step (None if `step` is False), and the measures after it (the "before" ones when not stepped).
+  Returns (state_key, expert_action, expert_failed, measures or None, measure errors, step result)."""
   state_key = str(env.state_key()) if observation is None else observation
   expert, expert_failed = None, False
   if record_expert:
@@ -704,7 +734,16 @@ def _observe_and_step(env: Any, text: str, step: bool, observation: str | None, 
       expert = env.expert_action()
     except Exception:  # pylint: disable=broad-except
       expert_failed = True
-  return state_key, expert, expert_failed, (env.step(text) if step else None)
+  measures, errors = None, 0
+  if record_measures:
+    before, failed = _measures(env)
+    errors += failed
+  result = env.step(text) if step else None
+  if record_measures:
+    after, failed = _measures(env) if step else (before, False)
+    errors += failed
+    measures = {"before": before, "after": after}
+  return state_key, expert, expert_failed, measures, errors, result
 
 
 def _to_rollout(ep: _Episode, config: RolloutConfig) -> Rollout:
@@ -718,7 +757,8 @@ def _to_rollout(ep: _Episode, config: RolloutConfig) -> Rollout:
       logprobs=np.asarray(ep.logprobs, np.float32), group=ep.group, sample=ep.sample, turns=ep.turns,
       finish_reason=ep.finish_reason, truncated=ep.truncated, cut_turns=ep.cut_turns, turn_spans=ep.turn_spans,
       step_rewards=ep.step_rewards, state_keys=ep.state_keys,
-      expert_actions=ep.expert_actions if config.record_expert_actions else None, opening_len=ep.opening_len,
+      expert_actions=ep.expert_actions if config.record_expert_actions else None,
+      step_measures=ep.step_measures if config.record_measures else None, opening_len=ep.opening_len,
       prompt_len=ep.prompt_len, base_opening=ep.base_opening, added=ep.added)
 
 

@@ -161,7 +161,7 @@ def with_peers(rollouts: Sequence[Rollout]) -> tuple[list[Rollout], int]:
 def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequence[Rollout],
                 tokenizer: PreTrainedTokenizerBase, *, advantage_fn: advantages_lib.AdvantageFn,
                 buckets: Sequence[int], ppo_epochs: int, num_minibatches: int, rng: np.random.Generator,
-                head_chunk_rows: int | None = None) -> dict[str, Any]:
+                head_chunk_rows: int | None = None, step: int = 0) -> dict[str, Any]:
   """Steps 4-6 of an RL step on its scored rollouts: per-turn advantages, the behaviour and reference
   log-probabilities, and the HET-PPO updates (`ppo_epochs * num_minibatches` of them; when no group has two
   scored episodes, none, but the trainer's step still advances by that many). Returns the step's metrics."""
@@ -170,7 +170,11 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   if not trained:
     trainer.state = trainer.state.replace(step=trainer.state.step + ppo_epochs * num_minibatches)
     return row
-  per_turn = advantages_lib.check_turn_advantages(trained, advantage_fn(trained))
+  started = time.perf_counter()
+  credit = advantage_fn(trained, step=step)
+  per_turn = advantages_lib.check_turn_advantages(trained, credit)
+  row.update({f"credit/{k}": v for k, v in credit.metrics.items()})
+  row["time/credit_s"] = time.perf_counter() - started
   batch = batching.batch_trajectories(trained, tokenizer, buckets=buckets, advantages=per_turn, truncate=True)
   for key, params in (("old_logp", trainer.state.params), ("ref_logp", ref_params)):
     batch[key] = behaviour_logprobs(trainer.graphdef, params, batch, buckets, num_minibatches, head_chunk_rows)
@@ -236,6 +240,8 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
   rollout_config = RolloutConfig(max_new_tokens=max_new_tokens, temperature=temperature, max_rounds=max_rounds,
                                  num_samples=group_size, batch_size=tasks_per_step * group_size,
                                  record_expert_actions=record_expert_actions)
+  rollout_config = dataclasses.replace(rollout_config,
+                                       **dict.fromkeys(advantages_lib.rollout_records(advantage_fn), True))
 
   def grpo_step() -> dict[str, Any]:
     step = loop.step  # 0-based index of this RL step; its row is logged as step + 1
@@ -257,7 +263,8 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
     started = time.perf_counter()
     row.update(grpo_update(trainer, ref_params, kept, tokenizer, advantage_fn=advantage_fn, buckets=buckets,
                            ppo_epochs=ppo_epochs, num_minibatches=num_minibatches,
-                           rng=np.random.default_rng([seed, step + 1, 1]), head_chunk_rows=head_chunk_rows))
+                           rng=np.random.default_rng([seed, step + 1, 1]), head_chunk_rows=head_chunk_rows,
+                           step=step))
     row["time/update_s"] = time.perf_counter() - started  # advantages, old/reference logprobs, the PPO updates
     row["loss"] = row.get("loss", float("nan"))
     for ext in extensions:

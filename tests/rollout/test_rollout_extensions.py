@@ -126,6 +126,15 @@ class KeyedCounterEnv(CounterEnv):
     return f"Reach {spec.target['steps']} steps in world {spec.world}."
 
 
+class MeasuredCounterEnv(KeyedCounterEnv):
+  """KeyedCounterEnv with `measures()`: 3 steps to go from the start; raises at step 2."""
+
+  def measures(self):
+    if self.steps == 2:
+      raise RuntimeError("no measures at step 2")
+    return {"cost_to_go": self.max_rounds - self.steps, "progress": self.steps / self.max_rounds}
+
+
 def _counter_engine(model, tok, cls):
   made = []
 
@@ -277,6 +286,32 @@ def test_state_keys_and_expert_actions_are_taken_before_each_step(model, tok):
   with _counter_engine(model, tok, KeyedCounterEnv)[0] as plain:
     (t,) = plain.run([Task("counter", 0)], dataclasses.replace(config, record_expert_actions=False)).trajectories
   assert t.expert_actions is None and len(t.state_keys) == t.turns
+
+
+def test_measures_are_taken_before_and_after_each_step(model, tok):
+  config = dataclasses.replace(SAMPLED, max_rounds=None, record_measures=True, num_samples=1)
+  with _counter_engine(model, tok, MeasuredCounterEnv)[0] as engine:
+    measured = engine.run([Task("counter", 0)], config)
+    (t,) = measured.trajectories
+    (cut,) = engine.run([Task("counter", 0)], dataclasses.replace(config, max_new_tokens=2, cut_turn="end")
+                        ).trajectories
+    out = engine.run([Task("counter", 0)], dataclasses.replace(config, record_measures=False))
+  none = {"cost_to_go": None, "progress": None}
+  assert t.turns == 3 and len(t.step_measures) == 3
+  third = 1 / 3
+  assert t.step_measures[0] == {"before": {"cost_to_go": 3, "progress": 0.0},
+                                "after": {"cost_to_go": 2, "progress": third}}
+  assert t.step_measures[1] == {"before": {"cost_to_go": 2, "progress": third}, "after": none}  # raised at 2 steps
+  assert t.step_measures[2] == {"before": none, "after": {"cost_to_go": 0, "progress": 1.0}}  # after the last step
+  assert measured.stats.measure_errors == 2
+  # A turn that ends the episode unstepped: its "after" is its "before".
+  assert cut.step_measures == [{"before": {"cost_to_go": 3, "progress": 0.0},
+                                "after": {"cost_to_go": 3, "progress": 0.0}}]
+  assert out.trajectories[0].step_measures is None
+  # Envs without measures() record None for both.
+  with _counter_engine(model, tok, KeyedCounterEnv)[0] as engine:
+    (plain,) = engine.run([Task("counter", 0)], config).trajectories
+  assert plain.step_measures == [{"before": none, "after": none}] * 3
 
 
 def test_env_without_state_key_records_the_observation_and_warns_once(model, tok):

@@ -53,10 +53,12 @@ class HintExtension(RLExtension):
 EXTENSION = HintExtension()
 
 
-def first_turn_advantages(rollouts):
+def first_turn_advantages(rollouts, *, step):
   EXTENSION.record["advantage_calls"] += 1
-  outcome = advantages.grpo_turn_advantages(rollouts)
-  return [np.where(np.arange(len(values)) == 0, values, 0.0).astype(np.float32) for values in outcome]
+  outcome = advantages.grpo_turn_advantages(rollouts, step=step).advantages
+  return advantages.TurnCredit(
+      [np.where(np.arange(len(values)) == 0, values, 0.0).astype(np.float32) for values in outcome],
+      {"first_step": step})
 
 
 def main(argv):

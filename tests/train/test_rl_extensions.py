@@ -83,7 +83,7 @@ def test_what_an_extension_added_is_stripped_for_training_and_marks_exp_mask(hin
 def test_the_advantage_function_decides_each_turns_value(hinted_rollouts):
   tokenizer, _, rollouts = hinted_rollouts
   rollouts = [dataclasses.replace(r, reward=reward) for r, reward in zip(rollouts, (1.0, 0.0))]  # outcomes differ
-  per_turn = advantages.check_turn_advantages(rollouts, rl_extension_run.first_turn_advantages(rollouts))
+  per_turn = advantages.check_turn_advantages(rollouts, rl_extension_run.first_turn_advantages(rollouts, step=0))
   assert [len(v) for v in per_turn] == [r.turns for r in rollouts] and min(r.turns for r in rollouts) >= 2
   batch = batching.batch_trajectories(rollouts, tokenizer, buckets=(1024, 2048), advantages=per_turn)
   for row, (rollout, values) in enumerate(zip(rollouts, per_turn)):
@@ -93,9 +93,11 @@ def test_the_advantage_function_decides_each_turns_value(hinted_rollouts):
       expected[start:stop] = value  # each turn's value on that turn's sampled tokens, nowhere else
     np.testing.assert_array_equal(batch["advantages"][row], expected)
   with pytest.raises(ValueError, match="advantage function gave shape"):
-    advantages.check_turn_advantages(rollouts, [np.zeros(1), np.zeros(1)])
+    advantages.check_turn_advantages(rollouts, advantages.TurnCredit([np.zeros(1), np.zeros(1)], {}))
   with pytest.raises(ValueError, match="returned 1 arrays for 2 rollouts"):
-    advantages.check_turn_advantages(rollouts, [np.zeros(1)])
+    advantages.check_turn_advantages(rollouts, advantages.TurnCredit([np.zeros(1)], {}))
+  with pytest.raises(TypeError, match="must return a TurnCredit"):
+    advantages.check_turn_advantages(rollouts, [np.zeros(r.turns) for r in rollouts])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -142,6 +144,7 @@ def test_extension_state_is_kept_with_each_checkpoint_across_a_kill(tmp_path):
   rows = [r for r in metrics_lib.read_metrics(str(reference_dir)) if "loss" in r]
   assert [r["step"] for r in rows] == [1, 2, 3]
   assert all(r["rollout/with_additions"] == 2 and r["hints/with_hint"] == 2 and r["exp_tokens"] > 0 for r in rows)
+  assert [r["credit/first_step"] for r in rows] == [0, 1, 2]  # the advantage function's metrics, by 0-based step
   kept = ckpt_lib.Checkpointer(str(reference_dir), async_save=False).restore_state_files(4)  # after RL step 2
   assert json.loads(kept["hints"]["record.json"])["steps"] == [0, 1]
 
