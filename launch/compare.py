@@ -66,6 +66,11 @@ METHODS = {
     "selfq_mix": Method(("gin_configs/tasks/grpo_selfq.gin", "gin_configs/compare/selfq/scarce.gin",
                          "gin_configs/compare/selfq/mix.gin"), "train_grpo"),
     "selfq_full": Method((_EXPERIENCE + "no_pool.gin",), "train_grpo"),
+    # Self-attributing: GRPO from the shared BC on the full exploration slice with step credit (ADCA with the oracle
+    # or the env judge, anchor-state grouping); plain GRPO on the same budget is selfq_full (the same recipe).
+    "credit_adca_oracle": Method((_EXPERIENCE + "no_pool.gin", "gin_configs/credit/adca.gin"), "train_grpo"),
+    "credit_adca_env": Method((_EXPERIENCE + "no_pool.gin", "gin_configs/credit/adca_env.gin"), "train_grpo"),
+    "credit_anchor": Method((_EXPERIENCE + "no_pool.gin", "gin_configs/credit/anchor_state.gin"), "train_grpo"),
 }
 RECIPE_DIR = "gin_configs/compare"
 # "full": the gin files as they are (bc.gin's 3,000 steps, AgentEvol's 320 exploration tasks per env: hours per run
@@ -76,10 +81,10 @@ RECIPES = ("full", "cpu")
 
 def recipe_files(recipe: str, method: str) -> list[str]:
   """The recipe's gin file for `method` (relative to the repository), if it has one: METHOD.gin, else the file of
-  its family (`exp.gin` for every `exp_*` method, `selfq.gin` for `selfq_*`)."""
+  its family (`exp.gin` for every `exp_*` method, `selfq.gin` for `selfq_*`, `credit.gin` for `credit_*`)."""
   if recipe == "full":
     return []
-  for name in (method, method.split("_")[0] if method.startswith(("exp_", "selfq_")) else None):
+  for name in (method, method.split("_")[0] if method.startswith(("exp_", "selfq_", "credit_")) else None):
     path = os.path.join(RECIPE_DIR, recipe, f"{name}.gin") if name else None
     if path and os.path.exists(os.path.join(ROOT, path)):
       return [path]

@@ -16,12 +16,17 @@ instruction language, checked by minigrid's own verifier; see `BabyAIEnv._reset_
 (`reset_world`) loads the world with no mission and yields one task per object picked up, gone to or door
 opened, as minigrid's verifiers judge them; see `BabyAIEnv._reset_world`. The state key is the agent's
 position, direction and load, the whole grid (objects, doors open or locked) and the mission's progress.
+
+For the step judges, the cost to go is the length of an optimal plan of primitive actions from the true state
+(`optimal_cost`, a breadth-first search knowing the whole world), not the bot's: the bot sees only its view
+and looks around for what it has not seen, which the full-knowledge plan never needs (`BabyAIEnv._measures`).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import functools
 import json
 import os
@@ -190,6 +195,202 @@ def _step_limit(world, mission) -> int:
   return world.num_navs_needed(mission) * world.room_size**2 * world.num_rows * world.num_cols
 
 
+# --- the step judges' cost to go: an optimal plan of primitive actions, searched on the true world ------------
+
+NO_WAY = 1000  # cost_to_go when no way to complete the mission is found (a box it names was toggled away, ...)
+_MAX_SEARCH_STATES = 50_000  # states a search reaches before it gives up (NO_WAY); from expert states: < 5000
+_VECTORS = ((1, 0), (0, 1), (-1, 0), (0, -1))  # minigrid's directions 0..3
+_CLOSED, _OPEN, _LOCKED = 0, 1, 2
+_SEQUENCES = {verifier.BeforeInstr: "before", verifier.AfterInstr: "after", verifier.AndInstr: "and"}
+_CLAUSES = {verifier.GoToInstr: "go to", verifier.PickupInstr: "pick up", verifier.OpenInstr: "open"}
+
+# A world state for the search: (x, y, direction, index of the object carried or None, each object's position
+# (None when carried or gone), each door's state, each clause of the mission done or not).
+_State = tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """What a search needs besides the state: the walls, the doors, the movable objects and the mission.
+
+  `clauses` are the mission's clauses, ("go to" | "pick up" | "open", targets) or ("put next", moved, fixed),
+  each target a frozenset of ("door", i) and ("object", i); `mission` is the mission's tree over them:
+  ("clause", k) or ("before" | "after" | "and", a, b), with minigrid's order of verification.
+  """
+
+  width: int
+  height: int
+  walls: frozenset[tuple[int, int]]
+  doors: tuple[tuple[tuple[int, int], str], ...]  # (position, color)
+  objects: tuple[tuple[str, str], ...]  # (type, color)
+  clauses: tuple[tuple, ...]
+  mission: tuple
+
+
+def _snapshot(world) -> tuple[_Layout, _State]:
+  """The search's view of a minigrid level: its layout and its current state (read, never changed).
+
+  Cells other than walls, doors, balls, boxes and keys (none in the levels used) count as walls. The mission's
+  clauses done so far are read from minigrid's sequencing verifiers (`a_done`, `b_done`)."""
+  walls, doors, objects, entity = set(), [], [], {}
+  positions, door_states, carrying = [], [], None
+  for y in range(world.height):
+    for x in range(world.width):
+      cell = world.grid.get(x, y)
+      if cell is None:
+        continue
+      if cell.type == "door":
+        entity[id(cell)] = ("door", len(doors))
+        doors.append(((x, y), cell.color))
+        door_states.append(_LOCKED if cell.is_locked else _OPEN if cell.is_open else _CLOSED)
+      elif cell.type in ("ball", "box", "key"):
+        entity[id(cell)] = ("object", len(objects))
+        objects.append((cell.type, cell.color))
+        positions.append((x, y))
+      else:
+        walls.add((x, y))
+  if world.carrying is not None:
+    carrying = len(objects)
+    entity[id(world.carrying)] = ("object", carrying)
+    objects.append((world.carrying.type, world.carrying.color))
+    positions.append(None)
+  clauses: list[tuple] = []
+  done: list[bool] = []
+
+  def targets(description) -> frozenset:
+    return frozenset(entity[id(obj)] for obj in description.obj_set if id(obj) in entity)
+
+  def read(instruction, finished: bool) -> tuple:
+    if type(instruction) in _SEQUENCES:
+      return (_SEQUENCES[type(instruction)],
+              read(instruction.instr_a, finished or instruction.a_done == "success"),
+              read(instruction.instr_b, finished or instruction.b_done == "success"))
+    if isinstance(instruction, verifier.PutNextInstr):
+      clauses.append(("put next", targets(instruction.desc_move), targets(instruction.desc_fixed)))
+    elif type(instruction) in _CLAUSES:
+      clauses.append((_CLAUSES[type(instruction)], targets(instruction.desc)))
+    else:
+      raise TypeError(f"babyai measures: no search for a mission of type {type(instruction).__name__}")
+    done.append(finished)
+    return ("clause", len(clauses) - 1)
+
+  mission = read(world.instrs, False)
+  x, y = (int(v) for v in world.agent_pos)
+  layout = _Layout(world.width, world.height, frozenset(walls), tuple(doors), tuple(objects), tuple(clauses), mission)
+  return layout, (x, y, int(world.agent_dir), carrying, tuple(positions), tuple(door_states), tuple(done))
+
+
+def _moves(layout: _Layout, door_at: dict[tuple[int, int], int], state: _State):
+  """(action, the state after it without the clauses' marks) of each primitive action that minigrid carries out
+  in `state`, by its rules for turning, walking, picking up, dropping and toggling (a box toggled is gone, as
+  BabyAI's boxes hold nothing); actions it would refuse are left out, and `done`, which changes nothing, is kept
+  because the verifiers run on it like on any action."""
+  x, y, d, carrying, positions, doors, _ = state
+  yield Actions.left, (x, y, (d - 1) % 4, carrying, positions, doors)
+  yield Actions.right, (x, y, (d + 1) % 4, carrying, positions, doors)
+  yield Actions.done, (x, y, d, carrying, positions, doors)
+  front = (x + _VECTORS[d][0], y + _VECTORS[d][1])
+  if not (0 <= front[0] < layout.width and 0 <= front[1] < layout.height) or front in layout.walls:
+    return
+  door = door_at.get(front)
+  thing = next((i for i, position in enumerate(positions) if position == front), None)
+  if thing is None and (door is None or doors[door] == _OPEN):
+    yield Actions.forward, (front[0], front[1], d, carrying, positions, doors)
+  if thing is not None and carrying is None:
+    yield Actions.pickup, (x, y, d, thing, _replaced(positions, thing, None), doors)
+  if carrying is not None and thing is None and door is None:
+    yield Actions.drop, (x, y, d, None, _replaced(positions, carrying, front), doors)
+  if door is not None:
+    if doors[door] != _LOCKED:
+      yield Actions.toggle, (x, y, d, carrying, positions, _replaced(doors, door, _CLOSED + _OPEN - doors[door]))
+    elif carrying is not None and layout.objects[carrying] == ("key", layout.doors[door][1]):
+      yield Actions.toggle, (x, y, d, carrying, positions, _replaced(doors, door, _OPEN))
+  elif thing is not None and layout.objects[thing][0] == "box":
+    yield Actions.toggle, (x, y, d, carrying, _replaced(positions, thing, None), doors)
+
+
+def _replaced(values: tuple, index: int, value) -> tuple:
+  return values[:index] + (value,) + values[index + 1:]
+
+
+def _fired(layout: _Layout, door_at: dict[tuple[int, int], int], action: int, carried: int | None,
+           after: tuple) -> list[bool]:
+  """Whether each clause's verifier says success on `action` (taken carrying `carried`) that led to `after`, as
+  minigrid's verifiers judge it: facing a target (go to, after any action), picking one up, toggling a target
+  door open, dropping a moved object next to a fixed one."""
+  x, y, d, carrying, positions, doors = after
+  front = (x + _VECTORS[d][0], y + _VECTORS[d][1])
+
+  def where(target) -> tuple[int, int] | None:
+    kind, i = target
+    return layout.doors[i][0] if kind == "door" else positions[i]
+
+  fired = []
+  for clause in layout.clauses:
+    verb = clause[0]
+    if verb == "go to":
+      fired.append(any(where(target) == front for target in clause[1]))
+    elif verb == "pick up":
+      fired.append(action == Actions.pickup and ("object", carrying) in clause[1])
+    elif verb == "open":
+      door = door_at.get(front)
+      fired.append(action == Actions.toggle and door is not None and ("door", door) in clause[1]
+                   and doors[door] == _OPEN)
+    else:
+      fired.append(action == Actions.drop and ("object", carried) in clause[1] and any(
+          (p := where(target)) is not None and abs(p[0] - front[0]) + abs(p[1] - front[1]) == 1
+          for target in clause[2]))
+  return fired
+
+
+def _verified(mission: tuple, done: list[bool], fired: list[bool]) -> bool:
+  """Marks the clauses that `fired` completes, in minigrid's order (a clause after "then" is verified only once
+  the one before it is done); returns whether the whole mission is done."""
+  kind = mission[0]
+  if kind == "clause":
+    done[mission[1]] = done[mission[1]] or fired[mission[1]]
+    return done[mission[1]]
+  if kind == "before":
+    return _verified(mission[1], done, fired) and _verified(mission[2], done, fired)
+  if kind == "after":
+    return _verified(mission[2], done, fired) and _verified(mission[1], done, fired)
+  first, second = _verified(mission[1], done, fired), _verified(mission[2], done, fired)
+  return first and second
+
+
+def _gone(layout: _Layout, state: _State) -> bool:
+  """Whether a clause not yet done names only objects that are gone (boxes toggled away), as all its targets,
+  or all the objects to move or to put something next to."""
+  positions, carrying, done = state[4], state[3], state[6]
+  for clause, finished in zip(layout.clauses, done):
+    for targets in ([] if finished else clause[1:]):
+      if all(kind == "object" and positions[i] is None and i != carrying for kind, i in targets):
+        return True
+  return False
+
+
+def optimal_cost(layout: _Layout, state: _State) -> int:
+  """The fewest primitive actions that complete the mission from `state` (breadth-first search over whole world
+  states with minigrid's rules and verifiers, with full knowledge of the world), or NO_WAY when the search finds
+  none among the first `_MAX_SEARCH_STATES` states it reaches."""
+  if _gone(layout, state):
+    return NO_WAY
+  door_at = {position: i for i, (position, _) in enumerate(layout.doors)}
+  cost = {state: 0}
+  queue = collections.deque([state])
+  while queue and len(cost) <= _MAX_SEARCH_STATES:
+    current = queue.popleft()
+    for action, after in _moves(layout, door_at, current):
+      done = list(current[6])
+      if _verified(layout.mission, done, _fired(layout, door_at, action, current[3], after)):
+        return cost[current] + 1
+      following = after + (tuple(done),)
+      if following not in cost:
+        cost[following] = cost[current] + 1
+        queue.append(following)
+  return NO_WAY
+
+
 def _offset_text(ahead: int, right: int) -> str:
   parts = []
   if ahead:
@@ -243,6 +444,11 @@ class BabyAIEnv(base.TextEnv):
     self._primitives = 0
     self._drops = 0
     self._candidates: list[tuple[dict, str, verifier.Instr, int]] = []
+    # The step judges' measures: the world at the episode's start (searched once needed), its cost to go, and
+    # the last state searched with its cost (the state after a step is the state before the next).
+    self._start_world: tuple[_Layout, tuple] | None = None
+    self._start_cost: int | None = None
+    self._searched: tuple[tuple, int] | None = None
 
   def instruction(self) -> str:
     return _INSTRUCTION
@@ -394,6 +600,11 @@ class BabyAIEnv(base.TextEnv):
   def _start(self, mission: str) -> str:
     """Starts the episode on the loaded world; the bot plans from the world's `instrs`."""
     self._mission = mission
+    self._start_cost, self._searched = None, None
+    try:
+      self._start_world = _snapshot(self._world.unwrapped)
+    except TypeError:  # a mission the search cannot read: `measures` raises, the episode runs as usual
+      self._start_world = None
     self._bot = BabyAIBot(self._world.unwrapped)
     self._suggestion = self._replan(None)
     return f"Your goal: {self._mission}.\n{self._describe()}"
@@ -407,6 +618,22 @@ class BabyAIEnv(base.TextEnv):
     carrying = "-" if world.carrying is None else ".".join(str(int(v)) for v in world.carrying.encode())
     grid = base.stable_digest(world.grid.encode().tobytes().hex())
     return f"at={x},{y},{int(world.agent_dir)}|carry={carrying}|grid={grid}|progress={_progress(world.instrs)}"
+
+  def _measures(self) -> tuple[int, float]:
+    """cost_to_go: the fewest primitive actions (turns, steps, pick up, drop, toggle) that complete the mission
+    from the true state, knowing the whole world (`optimal_cost`; a `go to` macro lowers it by the steps it
+    takes), or NO_WAY when there is none (e.g. the box to pick up was toggled away); progress: for a mission of
+    several clauses ("open the red door, then ..."), the fraction of its clauses done; else 1 - cost_to_go / its
+    value at the start."""
+    layout, state = _snapshot(self._world.unwrapped)
+    if self._searched is None or self._searched[0] != (layout, state):
+      self._searched = ((layout, state), optimal_cost(layout, state))
+    cost = self._searched[1]
+    if len(layout.clauses) > 1:
+      return cost, sum(state[6]) / len(layout.clauses)
+    if self._start_cost is None:
+      self._start_cost = optimal_cost(*self._start_world)
+    return cost, 1.0 - min(cost, self._start_cost) / self._start_cost
 
   # --- what the agent sees --------------------------------------------------------------------------------
 

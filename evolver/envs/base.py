@@ -6,7 +6,8 @@ checks, the round counter and `max_rounds`, the "episode is over" answer after `
 `_reset_task`, `_act`, `_expert_turn` and `_sample_action`; and, for tasks given as specs (`TaskSpec`) and
 per-turn state keys, `_reset_spec` and `_state_key`; for self-questioning (exploring a world with its goal
 hidden, then reading the outcomes reached as new tasks), `_reset_world` and the `_act` bookkeeping that calls
-`_add_hindsight`; for held-out decontamination, `_target_key_now`.
+`_add_hindsight`; for held-out decontamination, `_target_key_now`; for the step judges' measures (cost to go
+and progress, `measures`), `_measures`.
 
 Rewards follow AgentGym: the reward of a step is the episode's score so far, in [0, 1], so a trajectory's
 reward is the reward of its last step.
@@ -566,6 +567,32 @@ class TextEnv:
       state = "#" + stable_digest(state)
     return f"{self._task_identity()}|{state}"
 
+  def measures(self) -> dict[str, Any]:
+    """The step judges' measures of the current true state (`evolver.credit.judges`), read before and after each
+    step by rollouts that record them (`RolloutConfig.record_measures`):
+
+      cost_to_go: int, the env's own measure of the least remaining cost to finish the task from this state;
+        0 once the task is solved. An optimal step lowers it (every step of the env's expert, where the expert
+        plays optimally), and so does an equally short alternative; an invalid action, a repeated no-op or a
+        move away does not.
+      progress: float in [0, 1], the env's own measure of how much of the task is done (sub-goals met, or the
+        cost to go against the start's); 1.0 once the task is solved.
+
+    Each env's `_measures` says what it counts. An exploration (`reset_world`) has no task: both are None. After
+    the episode ends they measure the final state.
+
+    Raises:
+      EpisodeNotStartedError: no episode was started.
+    """
+    if not self._started:
+      raise EpisodeNotStartedError(f"{self.name}: call reset(index, split) before measures()")
+    if self._exploring:
+      return {"cost_to_go": None, "progress": None}
+    if self._success:
+      return {"cost_to_go": 0, "progress": 1.0}
+    cost, progress = self._measures()
+    return {"cost_to_go": int(cost), "progress": min(1.0, max(0.0, float(progress)))}
+
   # --- conveniences beyond the protocol -----------------------------------------------------------------
 
   @property
@@ -698,6 +725,10 @@ class TextEnv:
     raise NotImplementedError
 
   def _sample_action(self, rng: random.Random) -> str:
+    raise NotImplementedError
+
+  def _measures(self) -> tuple[int, float]:
+    """(cost_to_go, progress) of the current state of an unsolved task (see `measures`; a solved one is (0, 1.0))."""
     raise NotImplementedError
 
   def _state_key(self) -> str:

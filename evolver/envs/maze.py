@@ -6,7 +6,8 @@ each step says where the agent is and which ways are open. The expert walks a sh
 
 A spec task (`reset_spec`) keeps a task's map and start and asks for another open cell; see
 `MazeEnv._reset_spec`. An exploration (`reset_world`) walks the map with no goal and yields one task per
-cell reached; see `MazeEnv._reset_world`. The state key is the agent's position.
+cell reached; see `MazeEnv._reset_world`. The state key is the agent's position; the step judges' cost to go is
+the shortest-path distance to the goal (`MazeEnv._measures`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class MazeEnv(base.TextEnv):
     self._position = (0, 0)
     self._goal_text: str | None = None  # a spec's own goal text, shown instead of the goal's position
     self._path: list[tuple[tuple[int, int], str]] = []  # exploration: (cell, move into it) from the start, loops cut
+    self._to_goal: dict[tuple[int, int], int] | None = None  # moves from each open cell to the goal, once needed
 
   def instruction(self) -> str:
     return _INSTRUCTION
@@ -186,6 +188,7 @@ class MazeEnv(base.TextEnv):
     self._task = task
     self._position = task.start
     self._goal_text = goal_text
+    self._to_goal = None
     drawn = [list(row) for row in task.rows]
     drawn[task.start[0]][task.start[1]] = "S"
     if goal_text is None and task.goal is not None:
@@ -208,6 +211,14 @@ class MazeEnv(base.TextEnv):
   def _state_key(self) -> str:
     """The agent's position: the map, start and goal belong to the task."""
     return f"at={self._position[0]},{self._position[1]}"
+
+  def _measures(self) -> tuple[int, float]:
+    """cost_to_go: the shortest-path distance (BFS over open cells, in moves) from the agent to the goal, what
+    the expert walks; progress: 1 - that distance / the start's distance."""
+    if self._to_goal is None:
+      self._to_goal = _distances(self._task.rows, self._task.goal)
+    distance = self._to_goal[self._position]
+    return distance, 1.0 - distance / self._to_goal[self._task.start]
 
   def _act(self, text: str) -> base.Outcome:
     action = base.parse_action(text).lower()

@@ -32,11 +32,12 @@ one request with a `close_timeout_s` timeout.
 A URL that answers another protocol than `server` says so at construction (`adapters.ProtocolMismatchError`),
 with what to pass instead; `task_ranges` that overlap, are empty or reversed, or start below 0 are refused.
 
-Tasks given as specs (`reset_spec`), state keys (`state_key`, from `GET /state`), explorations (`reset_world`,
-`hindsight_tasks`) and target keys (`target_key`, `spec_target_key`) need our servers. AgentGym's servers take
-no specs and open no worlds without their goal (`reset_spec`, `reset_world`, `hindsight_tasks`, `target_key`
-and `spec_target_key` raise NotImplementedError), and their state keys fall back to the latest observation
-(`state_key_source == "observation"`, with a warning on first use).
+Tasks given as specs (`reset_spec`), state keys (`state_key`, from `GET /state`), the step judges' measures
+(`measures`, from `GET /measures`), explorations (`reset_world`, `hindsight_tasks`) and target keys
+(`target_key`, `spec_target_key`) need our servers. AgentGym's servers take no specs and open no worlds without
+their goal (`reset_spec`, `reset_world`, `hindsight_tasks`, `target_key` and `spec_target_key` raise
+NotImplementedError), their state keys fall back to the latest observation (`state_key_source ==
+"observation"`, with a warning on first use), and they have no measures (both None, asked of no server).
 """
 
 from __future__ import annotations
@@ -174,6 +175,16 @@ class HttpClient:
     if self._conn is not None:
       self._conn.close()
       self._conn = None
+
+
+def _measures(http: HttpClient, session: int) -> dict[str, Any]:
+  """`GET /measures` of a session on one of our servers: `{"cost_to_go": int | None, "progress": float | None}`;
+  raises as the adapter's calls do (`adapters._check`, our servers' status codes)."""
+  status, answer = http.request("GET", f"/measures?id={session}")
+  if status == 404 and "unknown route" in str(answer):  # not a lost session: a server from before /measures
+    raise NotImplementedError(f"this evolver env server has no GET /measures (it predates measures): {answer}")
+  answer = adapters._check(status, answer, "GET /measures")  # pylint: disable=protected-access
+  return {"cost_to_go": answer["cost_to_go"], "progress": answer["progress"]}
 
 
 def check_task_ranges(task_ranges: Any) -> dict[str, tuple[int, int]]:
@@ -433,6 +444,20 @@ class RemoteEnv:
                       stacklevel=2)
       return f"{self._task_identity()}|obs={base.stable_digest(self._observation)}"
     return self._query(lambda session: self._adapter.state(self._http, session))
+
+  def measures(self) -> dict[str, Any]:
+    """The step judges' measures of the current true state, `{"cost_to_go", "progress"}`, from the server's
+    `GET /measures` (see `TextEnv.measures`). AgentGym's servers have none: both are None, and no request is sent.
+
+    Raises:
+      EpisodeNotStartedError: no episode was started.
+      NotImplementedError: one of our servers from before measures (it has no `GET /measures`).
+    """
+    if self._task is None:
+      raise base.EpisodeNotStartedError(f"{self.name}: call reset(index, split) before measures()")
+    if not self._adapter.has_state_keys:
+      return {"cost_to_go": None, "progress": None}
+    return self._query(lambda session: _measures(self._http, session))
 
   def _query(self, call):
     """A read of the episode's state (idempotent), recovering a lost session by replay; an episode that cannot

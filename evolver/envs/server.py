@@ -11,6 +11,8 @@
   GET  /observation?id=                -> the latest observation, a JSON string
   GET  /expert?id=                     -> the scripted expert's next turn, a JSON string
   GET  /state?id=                      -> the key of the current true state (`TextEnv.state_key`), a JSON string
+  GET  /measures?id=                   -> the step judges' measures of the current true state (`TextEnv.measures`):
+                                          {cost_to_go, progress} (both null in an exploration)
   GET  /hindsight?id=                  -> the exploration's outcomes as tasks (`TextEnv.hindsight_tasks`):
                                           [{spec, actions, description}]
   POST /target_key {data_idx, split?}  -> what an indexed task asks, on which world (`TextEnv.target_key`), a
@@ -26,10 +28,10 @@ comes only with `data_idx`; `max_rounds` (the exploration's rounds) only with `e
 Errors are JSON `{"error": ...}`: 400 bad body or argument (malformed JSON, missing or mistyped field, bad
 split, data_idx out of range, a malformed spec or one the env cannot check) and malformed framing (request
 line, Content-Length), 404 unknown or closed id and unknown route, 405 wrong method, 408 a request not complete
-within `request_timeout_s` of its first byte (headers or body: a slow or stalled client), 409 step or state
-before reset, 411 a chunked body, 413 body over 1 MiB, 422 when an env fails on a request, 429 too many live
-sessions, 431 headers (request line, fields and the blank line after them) over 64 KiB. After a 400 on
-framing, 408, 411, 413 and 431 the server closes the connection. Never 500.
+within `request_timeout_s` of its first byte (headers or body: a slow or stalled client), 409 step, state or
+measures before reset, 411 a chunked body, 413 body over 1 MiB, 422 when an env fails on a request, 429 too
+many live sessions, 431 headers (request line, fields and the blank line after them) over 64 KiB. After a 400
+on framing, 408, 411, 413 and 431 the server closes the connection. Never 500.
 
 It is one process running a lean HTTP/1.1 server on asyncio (keep-alive, pipelining, `Expect: 100-continue`):
 env steps take microseconds, so parsing and framing dominate, and a plain protocol class beats a framework
@@ -179,7 +181,7 @@ class EnvService:
     self._routes: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
         "/create": ("POST", self.create), "/reset": ("POST", self.reset), "/step": ("POST", self.step),
         "/close": ("POST", self.close), "/observation": ("GET", self.observation), "/expert": ("GET", self.expert),
-        "/state": ("GET", self.state), "/hindsight": ("GET", self.hindsight),
+        "/state": ("GET", self.state), "/measures": ("GET", self.measures), "/hindsight": ("GET", self.hindsight),
         "/target_key": ("POST", self.target_key),
         "/info": ("GET", lambda _: self.info), "/health": ("GET", self.health),
         "/": ("GET", lambda _: f"This is environment {self.info['name']}."),
@@ -299,6 +301,9 @@ class EnvService:
 
   def state(self, arguments: dict[str, Any]) -> str:
     return self._session(arguments, from_query=True).env.state_key()
+
+  def measures(self, arguments: dict[str, Any]) -> dict[str, Any]:
+    return self._session(arguments, from_query=True).env.measures()
 
   def hindsight(self, arguments: dict[str, Any]) -> list[dict[str, Any]]:
     return [task.to_json() for task in self._session(arguments, from_query=True).env.hindsight_tasks()]

@@ -13,7 +13,8 @@ progress handler that stops any query after `QUERY_TIME_LIMIT_S`.
 A spec task (`reset_spec`) asks its own question about a task's database, with a gold query or the answer's
 rows; see `SqlEnv._reset_spec`. An exploration (`reset_world`) shows a database's schema with no question and
 yields one task per small result seen, worded as "return exactly these rows"; see `SqlEnv._reset_world`. The
-state key is the set of distinct results seen so far.
+state key is the set of distinct results seen so far. For the step judges, the cost to go is 1 until the question
+is answered, and progress is how close the best query's result so far came to the answer (`SqlEnv._measures`).
 
 The databases are generated deterministically on first use into a cache directory (`EVOLVER_ENV_CACHE`, by
 default `~/.cache/evolver/envs`), never downloaded.
@@ -21,6 +22,7 @@ default `~/.cache/evolver/envs`), never downloaded.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import os
@@ -505,6 +507,24 @@ def _answer_rows(answer: Any) -> list[tuple]:
   return [tuple(row) for row in answer]
 
 
+def result_similarity(result: tuple, answer: tuple, ordered: bool) -> float:
+  """How close a query's result is to the answer, in [0, 1]: 1 iff they are equal as the task compares them.
+
+  Args:
+    result, answer: rows normalised by `normalise(rows, ordered)`.
+    ordered: whether the answer's order counts.
+  Returns:
+    The F1 of the rows as multisets (the rows both share, against each one's count); when the order counts, the
+    mean of that F1 and the fraction of positions (of the longer of the two) that hold the answer's row.
+  """
+  shared = sum((collections.Counter(result) & collections.Counter(answer)).values())
+  f1 = 2 * shared / (len(result) + len(answer)) if shared else 0.0
+  if not ordered:
+    return f1
+  in_place = sum(a == b for a, b in zip(result, answer)) / max(len(result), len(answer))
+  return (f1 + in_place) / 2
+
+
 def _show(rows: list[tuple]) -> str:
   shown = "; ".join(repr(row) for row in rows[:_SHOWN_ROWS])
   more = f" ... ({len(rows) - _SHOWN_ROWS} more)" if len(rows) > _SHOWN_ROWS else ""
@@ -555,6 +575,7 @@ class SqlEnv(base.TextEnv):
     self._gold: tuple = ()
     self._ordered = False  # whether answers compare as lists (in order) rather than as multisets
     self._results_seen: set[str] = set()  # digests of the distinct normalised results shown so far
+    self._closeness = 0.0  # the best result_similarity to the answer of any query's result so far (0 before any)
 
   def instruction(self) -> str:
     return _INSTRUCTION
@@ -677,6 +698,7 @@ class SqlEnv(base.TextEnv):
     self._ordered = ordered
     self._from_tables = from_tables
     self._results_seen = set()
+    self._closeness = 0.0
     return f"Database {task.db}:\n{schema_text(task.db)}\nQuestion: {task.question}"
 
   def _state_key(self) -> str:
@@ -688,6 +710,15 @@ class SqlEnv(base.TextEnv):
     fail (errors, refusals, timeouts) show no data and leave the key unchanged.
     """
     return "seen=" + ",".join(sorted(self._results_seen))
+
+  def _measures(self) -> tuple[int, float]:
+    """cost_to_go: 1 until a query returns the answer (then the episode is solved: 0); progress: the closest any
+    query's result so far came to the answer (`result_similarity`: row F1 as multisets, with the order when it
+    counts; a query that failed (error, refusal, timeout, empty) or a result that must come from the tables but
+    came from literals counts 0), 0 before any query. Every query costs a turn, so the oracle judges a turn by
+    whether its result came closer to the answer than any before it: a detour through an error and back to an
+    earlier result is no progress."""
+    return 1, self._closeness
 
   def _act(self, text: str) -> base.Outcome:
     sql = base.action_text(text).strip().strip("`").removeprefix("sql").strip().rstrip(";").strip()
@@ -709,8 +740,11 @@ class SqlEnv(base.TextEnv):
     if self._exploring:
       self._explored(sql, rows)
       return base.Outcome(_show(rows), 0.0)
+    literal = self._from_tables and not self._sandbox().tables_read
+    if not literal:
+      self._closeness = max(self._closeness, result_similarity(result, self._gold, self._ordered))
     if len(rows) <= _MAX_ROWS and result == self._gold:
-      if self._from_tables and not self._sandbox().tables_read:
+      if literal:
         return base.Outcome(f"{_show(rows)}\nThese rows must come from the database's tables, not from literals "
                             "in the query.", 0.0)
       return base.Outcome(f"{_show(rows)}\nThis is the correct answer. Success!", 1.0, True, True)

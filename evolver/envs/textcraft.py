@@ -9,7 +9,8 @@ the raw materials, then crafts bottom-up.
 
 A spec task (`reset_spec`) keeps a task's recipes and asks for another item any of them outputs (or several of
 one); see `TextCraftEnv._reset_spec`. An exploration (`reset_world`) shows the recipes with no goal and yields
-one task per item crafted; see `TextCraftEnv._reset_world`. The state key is the inventory.
+one task per item crafted; see `TextCraftEnv._reset_world`. The state key is the inventory; the step judges' cost
+to go is the number of turns the expert's plan still takes (`TextCraftEnv._measures`).
 """
 
 from __future__ import annotations
@@ -288,6 +289,15 @@ class TextCraftEnv(base.TextEnv):
   def _state_key(self) -> str:
     """The inventory, sorted by item: the recipes and the goal belong to the task."""
     return "inv=" + ",".join(f"{item}:{n}" for item, n in sorted(self._inventory.items()))
+
+  def _measures(self) -> tuple[int, float]:
+    """cost_to_go: the turns the expert's plan takes from the current inventory (the gets, 64 items a turn, and
+    the crafts still needed toward the goal), so that a needed ingredient crafted early or late counts alike;
+    progress: the fraction of the crafts of the plan from an empty inventory that are no longer needed."""
+    plan = _plan(self._task, self._inventory)
+    crafts = sum(kind == "craft" for kind, _, _ in _plan(self._task, {}))
+    left = sum(kind == "craft" for kind, _, _ in plan)
+    return _expert_turns(plan), 1.0 - left / crafts
 
   def _inventory_text(self) -> str:
     if not self._inventory:

@@ -9,7 +9,8 @@ conditional on what a lookup returns. Actions are tool calls, `Action: fn` then 
 A spec task (`reset_spec`) keeps a task's world and lists its own sub-goals, each one of the kinds above
 with its parameters; see `ToolsEnv._reset_spec`. An exploration (`reset_world`) opens a world with no request
 and yields one single-goal task per sub-goal the calls met; see `ToolsEnv._reset_world`. The state key is the
-todo list and which sub-goals are met.
+todo list and which sub-goals are met; the step judges' cost to go is the number of calls the expert's plan still
+needs (`ToolsEnv._measures`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,17 @@ class Call:
 
   def signature(self) -> str:
     return self.fn + json.dumps(self.args, sort_keys=True)
+
+  def key(self) -> str:
+    """The call as the tools read it: `call_key(fn, args)`."""
+    return call_key(self.fn, self.args)
+
+
+def call_key(fn: str, args: dict[str, Any]) -> str:
+  """A canonical text of a call, equal for calls the tools answer alike: string arguments stripped and lowercased
+  (the tools match cities, days, titles and genres that way)."""
+  canonical = {key: value.strip().lower() if isinstance(value, str) else value for key, value in args.items()}
+  return fn + json.dumps(canonical, sort_keys=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,6 +336,8 @@ class ToolsEnv(base.TextEnv):
     self._world: World | None = None
     self._answer: str | None = None
     self._done_calls: set[str] = set()
+    self._done_keys: set[str] = set()  # `call_key` of every call that succeeded
+    self._initial_cost = 1  # the cost to go at the start (see `_measures`)
     # Exploration: the world as it started, the forecasts looked up, and the state sub-goals not yet met
     # (spec entry, goal).
     self._start_world: World | None = None
@@ -460,6 +474,8 @@ class ToolsEnv(base.TextEnv):
     self._world = task.world()
     self._answer = None
     self._done_calls = set()
+    self._done_keys = set()
+    self._initial_cost = self._calls_left()
     return task.request
 
   def _state_key(self) -> str:
@@ -470,6 +486,27 @@ class ToolsEnv(base.TextEnv):
     met = "".join("1" if goal.met(self._world, self._answer) else "0" for goal in self._task.goals)
     finished = "|finished" if self._answer is not None else ""
     return f"todos={base.stable_digest(f'{todos}|{self._world.next_todo_id}')}|met={met}{finished}"
+
+  def _calls_left(self) -> int:
+    """The calls still needed to meet every sub-goal and finish, counted on the expert's plans: each call of an
+    unmet sub-goal's plan not yet made (calls compared by `call_key`, a call two sub-goals share counted once),
+    plus `finish`. A question's sub-goal counts as unmet until the episode succeeds (a finish that did not
+    succeed ends the episode, so its answer lowers nothing); a state sub-goal (the todo list) is met as soon as
+    the list says so, and one whose calls were all made but whose change was undone needs its last call again."""
+    needed: set[str] = set()
+    for goal in self._task.goals:
+      if goal.answer is None and goal.met(self._world, None):
+        continue
+      calls = [call.key() for call in goal.plan if call.key() not in self._done_keys]
+      needed.update(calls if calls or goal.answer is not None else [goal.plan[-1].key()])
+    return len(needed) + 1
+
+  def _measures(self) -> tuple[int, float]:
+    """cost_to_go: the tool calls the expert's plan still needs, `finish` included (`_calls_left`), so that the
+    sub-goals' calls in any order count alike; progress: the fraction of the start's calls no longer needed,
+    1 - cost_to_go / its value at the start."""
+    left = self._calls_left()
+    return left, 1.0 - left / self._initial_cost
 
   def _progress(self) -> tuple[float, bool]:
     if not self._task.goals:  # an exploration
@@ -485,6 +522,7 @@ class ToolsEnv(base.TextEnv):
     if error is not None:
       return base.Outcome(f"Error: {error}", score)
     self._done_calls.add(fn + json.dumps(args or {}, sort_keys=True))
+    self._done_keys.add(call_key(fn, args or {}))
     if self._exploring:
       self._explored(fn, args or {})
       if fn == "finish":

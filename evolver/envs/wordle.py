@@ -14,7 +14,8 @@ other candidates into the most feedback groups.
 A spec task (`reset_spec`) hides any vocabulary word (`WordleEnv._reset_spec`). Wordle has no world to
 explore: an exploration (`reset_world`) hides no word, accepts guesses without feedback, and yields one task
 per word guessed; see `WordleEnv._reset_world`. The state key is the multiset of guesses so far (their
-feedback follows from the word).
+feedback follows from the word); the step judges' cost to go is the number of vocabulary words still consistent
+with the feedback (`WordleEnv._measures`).
 
 Rebuild the data files (never needed at run time):
   python -m evolver.envs.wordle --build /usr/share/dict/american-english-small
@@ -102,6 +103,15 @@ def _expert_guess(history: tuple[tuple[str, str], ...]) -> tuple[str, int]:
   if not candidates:  # Only reachable if the hidden word were outside the vocabulary.
     return OPENER, 0
   return best_guess(candidates), len(candidates)
+
+
+@functools.lru_cache(maxsize=4096)
+def candidates_left(history: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+  """The vocabulary words consistent with every (guess, marks) pair of `history`, in vocabulary order."""
+  if not history:
+    return vocabulary()
+  guess, marks = history[-1]
+  return tuple(_consistent(candidates_left(history[:-1]), guess, marks))
 
 
 def expert_solves(answer: str) -> bool:
@@ -196,6 +206,14 @@ class WordleEnv(base.TextEnv):
     round but no guess, so they leave the key unchanged."""
     return "guesses=" + ",".join(sorted(guess for guess, _ in self._history))
 
+  def _measures(self) -> tuple[int, float]:
+    """cost_to_go: how many vocabulary words are still consistent with all the feedback so far (the hidden word
+    among them; 0 once it is guessed): a guess that rules words out lowers it, while an invalid word, a repeated
+    guess or one whose feedback rules nothing out leaves it; progress: the fraction of the 5 positions whose
+    letter is known, i.e. marked g in some guess so far."""
+    known = {i for guess, marks in self._history for i, mark in enumerate(marks) if mark == "g"}
+    return len(candidates_left(tuple(self._history))), len(known) / 5
+
   def _act(self, text: str) -> base.Outcome:
     raw = base.parse_action(text).lower()
     letters = raw.replace(" ", "")
@@ -278,6 +296,7 @@ def main() -> None:
   vocabulary.cache_clear()
   _vocabulary_set.cache_clear()
   _expert_guess.cache_clear()
+  candidates_left.cache_clear()
   unsolved = [w for w in vocab if not expert_solves(w)]
   with open(_UNSOLVED_FILE, "w") as f:
     f.write("".join(w + "\n" for w in unsolved))

@@ -32,7 +32,7 @@ def register_loops() -> None:
   """Imports every module with a training loop so run configs can name them."""
   import importlib
   for module in ("evolver.train.bc", "evolver.train.agentevol", "evolver.train.rl", "evolver.train.dpo",
-                 "evolver.train.experience", "evolver.train.selfq"):
+                 "evolver.train.experience", "evolver.train.selfq", "evolver.train.credit"):
     try:
       importlib.import_module(module)
     except ModuleNotFoundError as e:

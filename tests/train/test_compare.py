@@ -53,8 +53,10 @@ def test_recipes_and_method_files_are_gin_files_that_parse():
       "from evolver.train.slices import TaskSlices\n"
       "gin_config.parse(sys.argv[1:], [\"MODEL_DIR = 'x'\"])\n"
       "print(gin.query_parameter('%TRAIN_STEPS'), TaskSlices().expert_count)\n")
-  expected = {"bc": "400 80", "bc_x5": "400 400", "grpo": "16 80", "agentevol": "400 80", "exp_hybrid": "8 80"}
+  expected = {"bc": "400 80", "bc_x5": "400 400", "grpo": "16 80", "agentevol": "400 80", "exp_hybrid": "8 80",
+              "credit_adca_env": "8 80", "credit_anchor": "8 80"}
   assert compare.recipe_files("cpu", "exp_keep") == ["gin_configs/compare/cpu/exp.gin"]
+  assert compare.recipe_files("cpu", "credit_anchor") == ["gin_configs/compare/cpu/credit.gin"]
   for method, want in expected.items():
     files = [*compare.METHODS[method].gin_files, *compare.recipe_files("cpu", method)]
     assert len(files) == 1 + len(compare.METHODS[method].gin_files), method

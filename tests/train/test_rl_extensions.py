@@ -19,7 +19,7 @@ from evolver.models import ModelConfig, make_model
 from evolver.models.sampler import Sampler
 from evolver.models.tokenizer import load_tokenizer
 from evolver.rollout import EpisodeOpening, OpeningChange, RolloutConfig, RolloutEngine, Task
-from evolver.train import advantages, checkpoints as ckpt_lib, metrics as metrics_lib
+from evolver.train import advantages, checkpoints as ckpt_lib, credit, metrics as metrics_lib
 from evolver.train.extensions import RLExtension, chain_openings
 from evolver.train.trainer import KILL_DURING_SAVE_ENV
 from tests.train import rl_extension_run  # the extension and advantage function the subprocess runs use
@@ -98,6 +98,20 @@ def test_the_advantage_function_decides_each_turns_value(hinted_rollouts):
     advantages.check_turn_advantages(rollouts, advantages.TurnCredit([np.zeros(1)], {}))
   with pytest.raises(TypeError, match="must return a TurnCredit"):
     advantages.check_turn_advantages(rollouts, [np.zeros(r.turns) for r in rollouts])
+
+
+def test_step_credit_puts_each_steps_advantage_on_that_steps_tokens(hinted_rollouts):
+  tokenizer, _, rollouts = hinted_rollouts
+  rollouts = [dataclasses.replace(r, reward=reward, step_rewards=[0.0] * (r.turns - 1) + [reward])
+              for r, reward in zip(rollouts, (1.0, 0.0))]
+  per_turn = advantages.check_turn_advantages(rollouts, credit.AnchorStateAdvantages(gamma=0.5)(rollouts, step=0))
+  assert any(len(set(v.tolist())) > 1 for v in per_turn)  # the steps of an episode differ
+  batch = batching.batch_trajectories(rollouts, tokenizer, buckets=(1024, 2048), advantages=per_turn)
+  for row, (rollout, values) in enumerate(zip(rollouts, per_turn)):
+    expected = np.zeros(batch["advantages"].shape[1], np.float32)
+    for (start, stop), value in zip(rollout.turn_spans, values):
+      expected[start:stop] = value
+    np.testing.assert_array_equal(batch["advantages"][row], expected)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Step judges for step-level credit: oracle and env (judges.py), llm (llm.py)."""
