@@ -240,6 +240,7 @@ class RolloutStats:
   sampled_tokens: int = 0
   expert_errors: int = 0     # turns whose `env.expert_action()` raised (record_expert_actions)
   measure_errors: int = 0    # turns whose `env.measures()` raised (record_measures)
+  measure_s: float = 0.0     # env threads' time in `env.measures()`, summed over turns (record_measures)
   generate_s: float = 0.0
   env_s: float = 0.0
   template_s: float = 0.0    # rendering and tokenizing
@@ -634,7 +635,7 @@ class RolloutEngine:
                                        config.record_expert_actions, config.record_measures))
     for ep, future in zip(episodes, futures):
       try:
-        state_key, expert, expert_failed, measures, measure_errors, result = future.result()
+        state_key, expert, expert_failed, measures, measure_errors, measure_s, result = future.result()
       except Exception as error:  # pylint: disable=broad-except
         ep.end("error", _describe(error))
         continue
@@ -645,6 +646,7 @@ class RolloutEngine:
       if config.record_measures:
         ep.step_measures.append(measures)
         stats.measure_errors += measure_errors
+        stats.measure_s += measure_s
       if result is None:  # ended without a step: the score stands
         ep.step_rewards.append(ep.reward)
         continue
@@ -721,12 +723,13 @@ def _measures(env: Any) -> tuple[dict[str, Any], bool]:
 
 def _observe_and_step(env: Any, text: str, step: bool, observation: str | None, record_expert: bool,
                       record_measures: bool = False
-                      ) -> tuple[str, str | None, bool, dict[str, dict[str, Any]] | None, int,
+                      ) -> tuple[str, str | None, bool, dict[str, dict[str, Any]] | None, int, float,
                                  tuple[str, float, bool, dict[str, Any]] | None]:
   """One env-thread call: the state's key (`env.state_key()`, or `observation` when given: envs without one),
   the expert action there if asked (None and a True flag where it raises), the measures before the step if
   asked, the step (None if `step` is False), and the measures after it (the "before" ones when not stepped).
-  Returns (state_key, expert_action, expert_failed, measures or None, measure errors, step result)."""
+  Returns (state_key, expert_action, expert_failed, measures or None, measure errors, seconds measuring, step
+  result)."""
   state_key = str(env.state_key()) if observation is None else observation
   expert, expert_failed = None, False
   if record_expert:
@@ -734,16 +737,20 @@ def _observe_and_step(env: Any, text: str, step: bool, observation: str | None, 
       expert = env.expert_action()
     except Exception:  # pylint: disable=broad-except
       expert_failed = True
-  measures, errors = None, 0
+  measures, errors, seconds = None, 0, 0.0
   if record_measures:
+    started = time.perf_counter()
     before, failed = _measures(env)
     errors += failed
+    seconds += time.perf_counter() - started
   result = env.step(text) if step else None
   if record_measures:
+    started = time.perf_counter()
     after, failed = _measures(env) if step else (before, False)
     errors += failed
+    seconds += time.perf_counter() - started
     measures = {"before": before, "after": after}
-  return state_key, expert, expert_failed, measures, errors, result
+  return state_key, expert, expert_failed, measures, errors, seconds, result
 
 
 def _to_rollout(ep: _Episode, config: RolloutConfig) -> Rollout:

@@ -116,6 +116,7 @@ def rollout_metrics(rolled: RolloutBatch, kept: Sequence[Rollout], buckets: Sequ
       "rollout/truncated": sum(batching.bucket_index(len(t.token_ids), buckets) < 0 for t in kept),
       "rollout/with_additions": sum(bool(t.added) for t in rolled.trajectories),
       "rollout/sampled_tokens": rolled.stats.sampled_tokens,
+      "rollout/measure_s": rolled.stats.measure_s,  # env-thread seconds measuring for the step judges (summed)
   }
 
 

@@ -1,4 +1,5 @@
-"""Helpers for the env tests: real env servers on loopback as subprocesses, and one-shot HTTP requests."""
+"""Helpers for the env tests: real env servers on loopback as subprocesses, one-shot HTTP requests, and readings
+along an expert episode."""
 
 from __future__ import annotations
 
@@ -63,3 +64,13 @@ def expert_length(env, index: int) -> int:
     _, _, done, _ = env.step(env.expert_action())
     turns += 1
   return turns
+
+
+def expert_readings(env, index: int, read, split: str = "train") -> list:
+  """`read(env)` before each expert turn of task `index` (`split`), and once more at the end."""
+  env.reset(index, split)
+  readings, done = [read(env)], False
+  while not done:
+    _, _, done, _ = env.step(env.expert_action())
+    readings.append(read(env))
+  return readings

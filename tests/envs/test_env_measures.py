@@ -8,7 +8,7 @@ from evolver.envs.remote import RemoteEnv
 from evolver.envs.server import ServerThread
 
 from tests.envs.agentgym_fixture import AgentGymFixture
-from tests.envs.helpers import request
+from tests.envs.helpers import expert_readings, request
 
 NAMES = envs.names()
 NONE = {"cost_to_go": None, "progress": None}
@@ -16,12 +16,7 @@ NONE = {"cost_to_go": None, "progress": None}
 
 def _expert_measures(env, index: int, split: str = "train") -> list[dict]:
   """The measures before each expert turn of task `index`, and the final ones."""
-  env.reset(index, split)
-  measured, done = [env.measures()], False
-  while not done:
-    _, _, done, _ = env.step(env.expert_action())
-    measured.append(env.measures())
-  return measured
+  return expert_readings(env, index, lambda e: e.measures(), split)
 
 
 @pytest.mark.parametrize("name", NAMES)

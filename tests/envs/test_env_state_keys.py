@@ -5,17 +5,14 @@ import pytest
 from evolver import envs
 from evolver.envs import babyai, textcraft
 
+from tests.envs.helpers import expert_readings
+
 NAMES = envs.names()
 
 
 def _expert_keys(env, index: int, split: str = "train") -> list[str]:
   """The state key before each expert turn of task `index`, and the final one."""
-  env.reset(index, split)
-  keys, done = [env.state_key()], False
-  while not done:
-    _, _, done, _ = env.step(env.expert_action())
-    keys.append(env.state_key())
-  return keys
+  return expert_readings(env, index, lambda e: e.state_key(), split)
 
 
 @pytest.mark.parametrize("name", NAMES)

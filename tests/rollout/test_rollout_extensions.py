@@ -303,11 +303,11 @@ def test_measures_are_taken_before_and_after_each_step(model, tok):
                                 "after": {"cost_to_go": 2, "progress": third}}
   assert t.step_measures[1] == {"before": {"cost_to_go": 2, "progress": third}, "after": none}  # raised at 2 steps
   assert t.step_measures[2] == {"before": none, "after": {"cost_to_go": 0, "progress": 1.0}}  # after the last step
-  assert measured.stats.measure_errors == 2
+  assert measured.stats.measure_errors == 2 and measured.stats.measure_s > 0
   # A turn that ends the episode unstepped: its "after" is its "before".
   assert cut.step_measures == [{"before": {"cost_to_go": 3, "progress": 0.0},
                                 "after": {"cost_to_go": 3, "progress": 0.0}}]
-  assert out.trajectories[0].step_measures is None
+  assert out.trajectories[0].step_measures is None and out.stats.measure_s == 0
   # Envs without measures() record None for both.
   with _counter_engine(model, tok, KeyedCounterEnv)[0] as engine:
     (plain,) = engine.run([Task("counter", 0)], config).trajectories
