@@ -105,8 +105,10 @@ def test_every_run_config_parses_as_it_ships():
   proc = subprocess.run([sys.executable, "-c", script, *runs], cwd=ROOT, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-2000:]
   loops = dict(line.split() for line in proc.stdout.strip().splitlines())
-  assert loops == {os.path.join("gin_configs", "runs", f"{name}.gin"): f"train_{name}"
-                   for name in ("agentevol", "bc", "dpo", "grpo")}
+  expected = {os.path.join("gin_configs", "runs", f"{name}.gin"): f"train_{name}"
+              for name in ("agentevol", "bc", "dpo", "grpo")}
+  expected[os.path.join("gin_configs", "runs", "agentevolver.gin")] = "train_grpo"  # GRPO with all three mechanisms
+  assert loops == expected
 
 
 def test_export_writes_a_checkpoint_that_loads_with_the_run_s_weights(uninterrupted, tmp_path):
