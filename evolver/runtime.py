@@ -24,9 +24,13 @@ This module imports JAX only where it uses it, so commands without JAX (the env 
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
+import threading
 import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 CACHE_DIR_ENV = "EVOLVER_CACHE_DIR"
 JAX_CACHE_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
@@ -51,6 +55,23 @@ def map_limit() -> int | None:
       return int(f.read().strip())
   except (OSError, ValueError):
     return None
+
+
+def resident_gb() -> float | None:
+  """This process's resident memory now, in GB (Linux /proc/self/statm), or None where it cannot be read."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def peak_resident_gb() -> float:
+  """The most resident memory this process has held, in GB (getrusage's ru_maxrss: KiB on Linux; it counts pages
+  a little differently from /proc/self/statm, so the current figure bounds it from below)."""
+  import resource  # pylint: disable=import-outside-toplevel
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024) / 1e9
+  return max(peak, resident_gb() or 0.0)
 
 
 _last_count_s = float("-inf")
@@ -103,3 +124,98 @@ def enable_compilation_cache() -> str:
   if jax is not None:
     jax.config.update("jax_compilation_cache_dir", path)
   return path
+
+
+# -- what XLA compiles ---------------------------------------------------------------------------------------------
+
+_BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax._src.dispatch.BACKEND_COMPILE_EVENT
+_TRACE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+class CompileEvent(NamedTuple):
+  """One program JAX handed to XLA: the jitted function's name, the seconds XLA took, whether the persistent
+  compilation cache served it (then the seconds are the read), the seconds of tracing and lowering to MLIR before
+  it, and the log's tag at the time (e.g. "step 3")."""
+
+  fun_name: str
+  seconds: float
+  cache_hit: bool
+  tag: str
+  trace_s: float = 0.0
+
+
+class CompileLog:
+  """Every XLA compilation of this process, in order, from JAX's monitoring events (`compile_log()` gives the one
+  log; it listens from its first call on). `tag` labels the events that follow (the RL loop sets it to the step
+  being run), so a run can say which step compiled what. Keeps the last `max_events` events."""
+
+  def __init__(self, max_events: int = 100_000):
+    self.events: collections.deque[CompileEvent] = collections.deque(maxlen=max_events)
+    self.tag = ""
+    self._hits = 0
+    self._hits_seen = 0
+    self._count = 0  # events ever logged
+    self._trace_s = 0.0  # tracing and lowering not yet followed by a compile
+    self._lock = threading.Lock()
+
+  def _on_event(self, event: str, **kwargs: Any) -> None:
+    if event == _CACHE_HIT_EVENT:
+      with self._lock:
+        self._hits += 1
+
+  def _on_duration(self, event: str, seconds: float, **kwargs: Any) -> None:
+    if event in _TRACE_EVENTS:
+      with self._lock:
+        self._trace_s += float(seconds)
+      return
+    if event != _BACKEND_COMPILE_EVENT:
+      return
+    with self._lock:  # a persistent-cache hit is reported inside the compile it served
+      hit, self._hits_seen = self._hits > self._hits_seen, self._hits
+      trace_s, self._trace_s = self._trace_s, 0.0
+      self.events.append(CompileEvent(str(kwargs.get("fun_name", "?")), float(seconds), hit, self.tag, trace_s))
+      self._count += 1
+
+  def mark(self) -> int:
+    """A position in the log: `since(mark)` gives the events after it."""
+    return self._count
+
+  def since(self, mark: int) -> list[CompileEvent]:
+    """The events logged after `mark` (those still kept)."""
+    events = list(self.events)
+    new = self._count - mark
+    return events[len(events) - min(new, len(events)):] if new > 0 else []
+
+  @staticmethod
+  def summary(events: Sequence[CompileEvent]) -> dict[str, float]:
+    """Counts and seconds of `events`: `compiles` and `compile_s` (XLA compilations), `cache_hits` and
+    `cache_read_s` (programs the persistent cache served), `trace_s` (tracing and lowering before either)."""
+    compiled = [e for e in events if not e.cache_hit]
+    hits = [e for e in events if e.cache_hit]
+    return {"compiles": len(compiled), "compile_s": sum(e.seconds for e in compiled), "cache_hits": len(hits),
+            "cache_read_s": sum(e.seconds for e in hits), "trace_s": sum(e.trace_s for e in events)}
+
+  @staticmethod
+  def by_function(events: Sequence[CompileEvent]) -> dict[str, dict[str, float]]:
+    """`summary` per jitted function name, most compile seconds first."""
+    names = collections.defaultdict(list)
+    for e in events:
+      names[e.fun_name].append(e)
+    out = {name: CompileLog.summary(evs) for name, evs in names.items()}
+    return dict(sorted(out.items(), key=lambda kv: -(kv[1]["compile_s"] + kv[1]["cache_read_s"])))
+
+
+_compile_log: CompileLog | None = None
+
+
+def compile_log() -> CompileLog:
+  """The process's `CompileLog`, listening to JAX's monitoring events from the first call on."""
+  global _compile_log
+  if _compile_log is None:
+    from jax import monitoring  # pylint: disable=import-outside-toplevel
+    log = CompileLog()
+    monitoring.register_event_listener(log._on_event)  # pylint: disable=protected-access
+    monitoring.register_event_duration_secs_listener(log._on_duration)  # pylint: disable=protected-access
+    _compile_log = log
+  return _compile_log

@@ -4,9 +4,9 @@ Design, for speed on every backend:
 - Each row's tokens sit in its own slots 0..length-1 (a scatter writes each new token at its row's length):
   chunks are left-padded to one width, but padding is never stored, so rows of different lengths leave no
   holes and a token's slot is its RoPE position.
-- The cache grows in buckets of `cache_bucket` slots: a decode step attends over the current capacity (the
-  longest row, rounded up), not the maximum length, and only a handful of programs compile (one per batch
-  bucket x capacity). Dropping rows (`select`) shrinks it again when the longest rows leave.
+- The cache grows by a geometric ladder of `cache_bucket`-slot buckets: a decode step attends over the current
+  capacity (the longest row, rounded up), not the maximum length, and only a handful of programs compile (one per
+  batch bucket x capacity). Dropping rows (`select`) shrinks it again when the longest rows leave.
 - A `Session` keeps the cache between calls. Every row's last sampled token is *pending* (sampled, not yet in
   the cache); the next call prepends it to that row's new tokens, so a second turn costs only its new tokens.
 - Log-probabilities are those of the sampled token under the model's raw distribution (temperature 1, no
@@ -21,6 +21,7 @@ Design, for speed on every backend:
 import dataclasses
 import functools
 import math
+import time
 from collections.abc import Sequence
 
 import jax
@@ -93,6 +94,53 @@ class Generation:
 
 
 MAX_STOP_IDS = 8
+
+
+@dataclasses.dataclass
+class SamplerStats:
+  """Where a sampler's time went, summed over calls (seconds of wall time, each piece waited for).
+
+  Compilation is counted apart (`compile_s`, from `evolver.runtime.CompileLog`): the other times are running
+  compiled programs and the host work around them. prefill: the new tokens of every call (all pieces of a long chunk, and sampling each row's first token);
+  decode: the single-token steps; grow: cache resizes; select: dropping rows. `decode_row_steps` counts every
+  row of the padded batch at every decode step, `decode_live_row_steps` those that sampled a token: the rest is
+  idle rows, waiting for the longest row of their call (or batch padding)."""
+
+  generate_calls: int = 0
+  compile_s: float = 0.0           # tracing and compiling new programs inside the timed pieces (not in the others)
+  compiles: int = 0
+  prefill_s: float = 0.0
+  prefill_slots: int = 0           # rows x padded chunk width, summed over prefill pieces
+  decode_s: float = 0.0
+  decode_calls: int = 0            # while-loop launches (a call grows its cache between launches)
+  decode_steps: int = 0
+  decode_row_steps: int = 0
+  decode_live_row_steps: int = 0
+  grow_s: float = 0.0
+  select_s: float = 0.0
+
+  def add_time(self, piece: str, started: float, mark: int) -> None:
+    """Adds the seconds since `started` to `<piece>_s`, less what XLA compiled since the log's `mark`."""
+    events = runtime.compile_log().since(mark)
+    compiling = sum(e.seconds + e.trace_s for e in events)
+    self.compile_s += compiling
+    self.compiles += len(events)
+    setattr(self, f"{piece}_s", getattr(self, f"{piece}_s") + max(time.perf_counter() - started - compiling, 0.0))
+
+  def minus(self, before: "SamplerStats") -> "SamplerStats":
+    """The work done since `before` (a copy taken earlier)."""
+    return SamplerStats(**{f.name: getattr(self, f.name) - getattr(before, f.name)
+                           for f in dataclasses.fields(self)})
+
+  @property
+  def idle_row_fraction(self) -> float:
+    """The share of decode row-steps whose row sampled nothing (0 when nothing was decoded)."""
+    return 1.0 - self.decode_live_row_steps / self.decode_row_steps if self.decode_row_steps else 0.0
+
+  @property
+  def decode_step_s(self) -> float:
+    """Mean seconds per decode step (0 when nothing was decoded)."""
+    return self.decode_s / self.decode_steps if self.decode_steps else 0.0
 
 
 def filter_logits(logits: jax.Array, temperature, top_k: int, top_p) -> jax.Array:
@@ -247,9 +295,15 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def _batch_bucket(n: int) -> int:
-  """The padded batch for n rows: the smallest power of two or 1.5 x a power of two (1, 2, 3, 4, 6, 8, 12, 16,
-  24, 32, 48, ...) that holds n. Twice the programs of powers of two alone; a third of the padding at worst
-  instead of half (48 rows ran as 64 before)."""
+  """The padded batch for n rows: the next power of two. Every distinct batch is a new program for each cache
+  capacity and chunk width, and a real RL step meets most of them: with 1.5x sizes as well (1, 2, 3, 4, 6, 8, 12,
+  ...) a GRPO step of the CPU recipe compiled ~100 sampler programs after the first step (`launch.benchmark
+  --suite rl_step`); powers of two halve the set for at most half the rows as padding."""
+  return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def _geometric_bucket(n: int) -> int:
+  """The smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and 1.5 x powers of two) that holds n."""
   n = max(n, 1)
   power = 1 << max(0, math.ceil(math.log2(n)))
   three_halves = 3 * power // 4
@@ -268,7 +322,8 @@ class Sampler:
                max_length: int | None = None, prefill_piece: int = 64):
     """
     Args:
-      cache_bucket: the cache grows in steps of this many slots (attention cost follows the capacity).
+      cache_bucket: the cache grows by a geometric ladder of this many slots (1, 2, 3, 4, 6, 8, ... of them;
+        attention cost follows the capacity).
       chunk_bucket: new-token chunks are padded to a multiple of this (few prefill programs).
       max_length: the most slots a row's cache may use (default: the model's max positions).
       prefill_piece: chunks longer than this are prefilled this many tokens at a time, each piece for the rows
@@ -292,6 +347,8 @@ class Sampler:
     self._extend_rows = jax.jit(self._extend_rows_impl, donate_argnums=(1,))
     self._resize = jax.jit(resize_cache, static_argnums=(1,))
     self._select = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x if x.ndim == 0 else x[idx], tree))
+    self.stats = SamplerStats()  # cumulative; `stats.minus(copy)` gives one stretch of work
+    self._compiles = runtime.compile_log()
 
   def update_params(self, params: nnx.State) -> None:
     """Swaps in new weights (same structure), e.g. after a train step."""
@@ -299,7 +356,9 @@ class Sampler:
 
   # -- jitted pieces ------------------------------------------------------------------------------------
 
-  def _prefill_impl(self, params, cache, chunk, chunk_valid, row_live, row_keys, knobs: _Knobs, static: _Static):
+  def _prefill_impl(self, params, cache, chunk, chunk_valid, row_live, pending, row_keys, knobs: _Knobs,
+                    static: _Static):
+    """Feeds the chunk and samples each live row's first token; rows not live keep their `pending` token."""
     model = nnx.merge(self.graphdef, params)
     logits, cache = model.forward_chunk(chunk, chunk_valid, cache)
     token, logprob = sample_tokens(logits, row_keys, jnp.zeros((), jnp.int32), static, knobs)
@@ -307,8 +366,9 @@ class Sampler:
     done = ~row_live
     tokens = jnp.full((b, static.buffer_len), -1, jnp.int32).at[:, 0].set(jnp.where(done, -1, token))
     logprobs = jnp.zeros((b, static.buffer_len), jnp.float32).at[:, 0].set(jnp.where(done, 0.0, logprob))
+    last_token = jnp.where(done, pending, token)
     done = done | jnp.isin(token, knobs.stop_ids)
-    return _LoopState(cache=cache, last_token=token, done=done, tokens=tokens, logprobs=logprobs,
+    return _LoopState(cache=cache, last_token=last_token, done=done, tokens=tokens, logprobs=logprobs,
                       step=jnp.ones((), jnp.int32), row_keys=row_keys)
 
   def _extend_impl(self, params, cache, chunk, chunk_valid):
@@ -348,10 +408,14 @@ class Sampler:
   # -- host side -----------------------------------------------------------------------------------------
 
   def _capacity_for(self, length: int) -> int:
-    return min(_round_up(length, self.cache_bucket), self.max_length)
+    """Cache slots for rows of up to `length` tokens: `cache_bucket` x (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, ...), at
+    most `max_length`. A geometric ladder keeps the programs few (10 capacities up to 2,048 slots at 64, where
+    multiples of 64 gave 32) for at most a third of the slots unused."""
+    return min(self.cache_bucket * _geometric_bucket(-(-length // self.cache_bucket)), self.max_length)
 
   def generate(self, new_tokens: Sequence[Sequence[int]], sampling: SamplingParams, *,
-               seed: int | jax.Array | np.ndarray = 0, session: Session | None = None) -> Generation:
+               seed: int | jax.Array | np.ndarray = 0, session: Session | None = None,
+               active: Sequence[bool] | None = None) -> Generation:
     """Appends `new_tokens[i]` to row i (after its pending token, if `session`) and samples a continuation.
 
     Args:
@@ -361,6 +425,9 @@ class Sampler:
         per row (raw `[rows, K]` uint32 or typed `[rows]`). The token at position t of row r (t = 0 for the
         first this call samples) is drawn with `fold_in(row_key, t)`, independently of the other rows.
       session: the conversations to continue (from the previous call's `Generation.session`).
+      active: with a session, the rows that take part (default all): the others are carried unchanged (no tokens
+        fed, none sampled, their pending token kept; their `new_tokens` must be empty), so a batch keeps its shape
+        while some of its conversations wait or have ended (`RolloutConfig.compact_rows=False`).
 
     Returns:
       Per-row tokens and logprobs, and the session to continue from.
@@ -375,9 +442,18 @@ class Sampler:
       check_token_ids(np.asarray(seq, np.int64).reshape(-1), self.config.vocab_size)
       if session is None and len(seq) == 0:
         raise ValueError(f"row {i} has an empty prompt")
+    if active is None:
+      active = np.ones(rows, bool)
+    else:
+      active = np.asarray(active, bool)
+      if session is None or active.shape != (rows,) or not active.any():
+        raise ValueError(f"active must mark {rows} rows of a session, at least one of them True; got "
+                         f"{active.shape if session is not None else 'no session'}")
+      if any(len(seq) for seq, on in zip(new_tokens, active) if not on):
+        raise ValueError("rows that are not active take no new tokens")
     batch = _batch_bucket(rows) if session is None else session.cache.batch_size
-    pending = None if session is None else np.asarray(session.pending)
-    chunks = [([int(pending[i])] if pending is not None else []) + [int(t) for t in seq]
+    pending = np.zeros(batch, np.int32) if session is None else np.asarray(session.pending)
+    chunks = [([int(pending[i])] if session is not None and active[i] else []) + [int(t) for t in seq]
               for i, seq in enumerate(new_tokens)]
     longest = max(len(c) for c in chunks)
     chunk_len = _round_up(longest, self.chunk_bucket)
@@ -389,7 +465,8 @@ class Sampler:
       if c:
         chunk[i, chunk_len - len(c):] = c
         chunk_valid[i, chunk_len - len(c):] = True
-    row_live = np.arange(batch) < rows
+    row_live = np.zeros(batch, bool)
+    row_live[:rows] = active
 
     lengths = np.zeros(batch, np.int64) if session is None else np.asarray(session.cache.lengths)
     needed = int(np.max(lengths[:rows] + np.array([len(c) for c in chunks]))) + 1
@@ -401,7 +478,9 @@ class Sampler:
     else:
       cache = session.cache
       if needed > cache.capacity:
-        cache = self._resize(cache, self._capacity_for(needed))
+        started, mark = time.perf_counter(), self._compiles.mark()
+        cache = jax.block_until_ready(self._resize(cache, self._capacity_for(needed)))
+        self.stats.add_time("grow", started, mark)
 
     num_new = sampling.max_new_tokens
     static, knobs = _split_params(sampling)
@@ -410,6 +489,9 @@ class Sampler:
       row_keys[:rows] = row_key_data(seed, rows)
     # Long chunks: all pieces but the last only fill the cache, each for the rows that have tokens in it (chunks
     # are left-padded, so short rows skip the leading pieces); the last piece samples every row's first token.
+    stats = self.stats
+    stats.generate_calls += 1
+    started, mark = time.perf_counter(), self._compiles.mark()
     last = max(0, chunk_len - self.prefill_piece)
     for begin in range(0, last, self.prefill_piece):
       piece = slice(begin, begin + self.prefill_piece)
@@ -424,23 +506,37 @@ class Sampler:
         sub_valid = chunk_valid[take, piece] & (row_ids < batch)[:, None]
         cache = self._extend_rows(self.params, cache, jnp.asarray(row_ids), jnp.asarray(chunk[take, piece]),
                                   jnp.asarray(sub_valid))
+        stats.prefill_slots += sub * self.prefill_piece
       else:
         cache = self._extend(self.params, cache, jnp.asarray(chunk[:, piece]), jnp.asarray(chunk_valid[:, piece]))
+        stats.prefill_slots += batch * self.prefill_piece
     state = self._prefill(self.params, cache, jnp.asarray(chunk[:, last:]), jnp.asarray(chunk_valid[:, last:]),
-                          jnp.asarray(row_live), jnp.asarray(row_keys), knobs, static=static)
+                          jnp.asarray(row_live), jnp.asarray(pending), jnp.asarray(row_keys), knobs,
+                          static=static)
+    stats.prefill_slots += batch * (chunk_len - last)
+    step = int(state.step)  # waits for the prefill
+    stats.add_time("prefill", started, mark)
     while True:
+      started, mark, before = time.perf_counter(), self._compiles.mark(), step
       state = self._decode(self.params, state, knobs, static=static)
       step, all_done = int(state.step), bool(jnp.all(state.done))
+      stats.add_time("decode", started, mark)
+      stats.decode_calls += 1
+      stats.decode_steps += step - before
+      stats.decode_row_steps += (step - before) * batch
       if step >= num_new or all_done:
         break
       capacity = self._capacity_for(state.cache.capacity + 1)
       if capacity == state.cache.capacity:
         break  # The context is full: rows end without a stop token.
-      state.cache = self._resize(state.cache, capacity)
+      started, mark = time.perf_counter(), self._compiles.mark()
+      state.cache = jax.block_until_ready(self._resize(state.cache, capacity))
+      stats.add_time("grow", started, mark)
 
     tokens = np.asarray(state.tokens)[:rows, :num_new]
     logprobs = np.asarray(state.logprobs)[:rows, :num_new]
     lengths = (tokens >= 0).sum(axis=1)
+    stats.decode_live_row_steps += int(np.maximum(lengths - 1, 0).sum())  # the first token came with the prefill
     stopped = np.zeros(rows, bool)
     if sampling.stop_ids:
       last = tokens[np.arange(rows), np.maximum(lengths - 1, 0)]
@@ -469,6 +565,7 @@ class Sampler:
       raise ValueError("select needs at least one row")
     if any(not 0 <= r < session.num_rows for r in rows):
       raise IndexError(f"rows {rows} out of range for a session of {session.num_rows} rows")
+    started, mark = time.perf_counter(), self._compiles.mark()
     batch = _batch_bucket(len(rows))
     # Pad with a copy of the first kept row; padding rows are never live.
     index = jnp.asarray(rows + [rows[0]] * (batch - len(rows)), jnp.int32)
@@ -477,4 +574,6 @@ class Sampler:
     capacity = self._capacity_for(int(np.max(session.lengths[rows])) + 1)
     if capacity < cache.capacity:
       cache = self._resize(cache, capacity)
+    cache = jax.block_until_ready(cache)
+    self.stats.add_time("select", started, mark)
     return Session(cache=cache, pending=pending, num_rows=len(rows))

@@ -85,7 +85,7 @@ from evolver.data.chat import end_of_turn_ids
 from evolver.data.trajectory import Message, Trajectory
 from evolver.envs.base import TaskSpec
 from evolver.models.decoder import Decoder
-from evolver.models.sampler import Sampler, SamplingParams, fold_in_rows
+from evolver.models.sampler import Sampler, SamplerStats, SamplingParams, fold_in_rows
 from evolver.rollout import turns as turns_lib
 
 FINISH_REASONS = ("done", "max_rounds", "context", "cut_turn", "error")
@@ -165,6 +165,9 @@ class RolloutConfig:
   record_expert_actions: also record `env.expert_action()` at every sampled turn's state (`Rollout.expert_actions`).
   record_measures: also record `env.measures()` before and after every sampled turn's step
   (`Rollout.step_measures`; envs without `measures()` record None for both).
+  compact_rows: True drops the rows of ended episodes from the batch (`Sampler.select`: later turns decode fewer
+  rows, at the price of a program per batch size); False keeps the batch's shape, the ended episodes' rows taking
+  no part (fewer programs to compile, more rows per decode step). Episodes are the same either way.
   """
 
   max_new_tokens: int = 128
@@ -180,6 +183,7 @@ class RolloutConfig:
   seed: int = 0
   record_expert_actions: bool = False
   record_measures: bool = False
+  compact_rows: bool = True
 
   def __post_init__(self):
     if self.num_samples < 1:
@@ -245,14 +249,41 @@ class RolloutStats:
   env_s: float = 0.0
   template_s: float = 0.0    # rendering and tokenizing
   total_s: float = 0.0
+  # Inside generate (the sampler's `SamplerStats` over this run): prefill, decode steps, cache growth and row
+  # selection, each without the compilation that happened inside it; decode row-steps of the padded batch and those whose row sampled a token.
+  prefill_s: float = 0.0
+  decode_s: float = 0.0
+  grow_select_s: float = 0.0
+  compile_s: float = 0.0     # the sampler's tracing and compiling (not in the three above)
+  compiles: int = 0
+  decode_steps: int = 0
+  decode_row_steps: int = 0
+  decode_live_row_steps: int = 0
 
   @property
   def episodes_per_s(self) -> float:
     return self.episodes / self.total_s if self.total_s else 0.0
 
+  @property
+  def idle_row_fraction(self) -> float:
+    """The share of decode row-steps whose row sampled nothing (finished, waiting, or padding)."""
+    return 1.0 - self.decode_live_row_steps / self.decode_row_steps if self.decode_row_steps else 0.0
+
+  def add_sampler_stats(self, work: SamplerStats) -> None:
+    """Adds the sampler's work (`SamplerStats.minus` over this run)."""
+    self.prefill_s += work.prefill_s
+    self.decode_s += work.decode_s
+    self.grow_select_s += work.grow_s + work.select_s
+    self.compile_s += work.compile_s
+    self.compiles += work.compiles
+    self.decode_steps += work.decode_steps
+    self.decode_row_steps += work.decode_row_steps
+    self.decode_live_row_steps += work.decode_live_row_steps
+
   def as_dict(self) -> dict[str, float]:
     out = dataclasses.asdict(self)
     out["episodes_per_s"] = self.episodes_per_s
+    out["idle_row_fraction"] = self.idle_row_fraction
     return out
 
 
@@ -451,6 +482,7 @@ class RolloutEngine:
       raise ValueError(f"max_new_tokens {config.max_new_tokens} leaves no room for a prompt in {limit} tokens")
     stats = RolloutStats()
     start = time.perf_counter()
+    sampler_before = dataclasses.replace(self.sampler.stats)
     for task in tasks:
       if not isinstance(task, Task):
         raise TypeError(f"tasks must be Task instances, got {type(task).__name__}")
@@ -472,6 +504,7 @@ class RolloutEngine:
       out.extend(_to_rollout(ep, config) for ep in chunk)
     stats.episodes = len(out)
     stats.failed = sum(t.failed for t in out)
+    stats.add_sampler_stats(self.sampler.stats.minus(sampler_before))
     stats.total_s = time.perf_counter() - start
     return RolloutBatch(trajectories=out, stats=stats)
 
@@ -487,32 +520,42 @@ class RolloutEngine:
       while live := [ep for ep in episodes if not ep.ended]:
         if not config.reuse_cache:
           session = None
-        # Rows whose episodes ended leave the cache; the survivors keep their order.
-        if session is not None and len(live) < len(session_rows):
-          keep = [i for i, ep in enumerate(session_rows) if not ep.ended]
-          session = self.sampler.select(session, keep)
-          stats.select_calls += 1
-          stats.rows_dropped += len(session_rows) - len(keep)
-        replaced = [(i, ep.pending) for i, ep in enumerate(live) if ep.pending is not None]
+        if session is not None and not config.compact_rows:
+          rows = session_rows  # the batch keeps its shape: ended episodes stay, as rows that take no part
+        else:
+          rows = live
+          # Rows whose episodes ended leave the cache; the survivors keep their order.
+          if session is not None and len(live) < len(session_rows):
+            keep = [i for i, ep in enumerate(session_rows) if not ep.ended]
+            session = self.sampler.select(session, keep)
+            stats.select_calls += 1
+            stats.rows_dropped += len(session_rows) - len(keep)
+        active = [not ep.ended for ep in rows]
+        replaced = [(i, ep.pending) for i, ep in enumerate(rows) if not ep.ended and ep.pending is not None]
         if session is not None and replaced:
           session = self.sampler.set_pending(session, [i for i, _ in replaced], [t for _, t in replaced])
         for ep in live:
           ep.pending = None
         if session is None:
           # A fresh prefill of each whole history (the first turn's prompt, or every turn without reuse_cache).
-          chunks = [ep.tokens + ep.next_tokens for ep in live]
-        else:
-          chunks = [ep.next_tokens for ep in live]  # the sampler prepends each row's pending sampled token
+          chunks = [ep.tokens + ep.next_tokens for ep in rows]
+        else:  # the sampler prepends each active row's pending sampled token
+          chunks = [ep.next_tokens if on else [] for ep, on in zip(rows, active)]
         stats.prefill_tokens += sum(len(c) for c in chunks) + (0 if session is None else len(live))
         t0 = time.perf_counter()
         seed = 0  # greedy: nothing is drawn
         if config.temperature > 0:  # turn k of an episode samples with fold_in(episode key, k)
-          seed = fold_in_rows(np.stack([ep.key for ep in live]), [ep.turns for ep in live])
-        gen = self.sampler.generate(chunks, params, seed=seed, session=session)
+          seed = fold_in_rows(np.stack([ep.key for ep in rows]), [ep.turns for ep in rows])
+        gen = self.sampler.generate(chunks, params, seed=seed, session=session,
+                                    active=None if all(active) else active)
         stats.generate_s += time.perf_counter() - t0
         stats.generate_calls += 1
         stats.rows_generated += len(live)
-        session, session_rows = gen.session, live
+        session, session_rows = gen.session, rows
+        if not all(active):
+          taking = [i for i, on in enumerate(active) if on]
+          gen = dataclasses.replace(gen, tokens=[gen.tokens[i] for i in taking],
+                                    logprobs=[gen.logprobs[i] for i in taking], stopped=gen.stopped[taking])
         self._record_turns(live, gen, config, stats)
         self._step_envs(live, config, stats)
         self._prepare_next_turns([ep for ep in live if not ep.ended], config, limit, stats)

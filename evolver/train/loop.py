@@ -13,7 +13,8 @@ updates) and returns its metrics row. The loop owns everything around it:
 - resume: the latest complete checkpoint's train state, the extras the algorithm saved with it, and the state
   files of every `StateOwner` (an experience workspace, a synthetic task set), restored together; metrics rows
   and best policies past the restored step are dropped (they are recomputed);
-- per step: the `val` evaluation every `LoopConfig.eval_every` steps and at the end of every segment, keeping the
+- per step: what XLA compiled during it (`compile/*`, `evolver.runtime.CompileLog`, tagged "step N") and the
+  process's memory (`memory/*`); the `val` evaluation every `LoopConfig.eval_every` steps and at the end of every segment, keeping the
   best policy (`MODEL_DIR/best/`); the metrics row (JSONL + TensorBoard); the checkpoint every
   `TrainerConfig.checkpoint_every` steps and at the segment's end, with the algorithm's extras, the best val score
   and the owners' state files, atomically; the progress bar;
@@ -39,6 +40,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from evolver import runtime
 from evolver.models.sampler import Sampler
 from evolver.rollout import OpeningTransform, RolloutEngine
 from evolver.train import checkpoints as ckpt_lib
@@ -214,7 +216,9 @@ class Loop:
     bar = tqdm(total=until - first + 1, initial=max(self.step - first + 1, 0), desc=desc or self.name, unit="step",
                dynamic_ncols=True)
     try:
+      compiles = runtime.compile_log()
       while self.step < until:
+        compiles.tag, mark = f"step {self.step + 1}", compiles.mark()
         row = dict(step_fn())
         step, local = self.step, self.step - origin
         if not self._wrote_operative:  # gin's operative config knows what the first step used
@@ -230,6 +234,7 @@ class Loop:
           row["val/best_success"] = self.best_val
         if at_segment_end and at_end is not None:
           at_end(results)
+        row.update(step_resources(compiles.since(mark)))
         if step == first or at_segment_end or results is not None or local % every_log == 0:
           self.writer.write(step, row)
         if at_segment_end or local % every_checkpoint == 0:
@@ -316,6 +321,18 @@ class Loop:
       self.writer.close()
       self.writer = None
     self.trainer.close()
+
+
+def step_resources(compiles: Sequence[runtime.CompileEvent]) -> dict[str, float]:
+  """A step's XLA compilations (`compile/compiles`, `compile/compile_s`, `compile/cache_hits`, `compile/trace_s`;
+  `evolver.runtime.CompileLog`) and the process's memory (`memory/rss_gb` now, `memory/peak_rss_gb`)."""
+  summary = runtime.CompileLog.summary(compiles)
+  row = {f"compile/{k}": summary[k] for k in ("compiles", "compile_s", "cache_hits", "trace_s")}
+  rss = runtime.resident_gb()
+  if rss is not None:
+    row["memory/rss_gb"] = rss
+  row["memory/peak_rss_gb"] = runtime.peak_resident_gb()
+  return row
 
 
 def scalar_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -117,7 +117,26 @@ def rollout_metrics(rolled: RolloutBatch, kept: Sequence[Rollout], buckets: Sequ
       "rollout/with_additions": sum(bool(t.added) for t in rolled.trajectories),
       "rollout/sampled_tokens": rolled.stats.sampled_tokens,
       "rollout/measure_s": rolled.stats.measure_s,  # env-thread seconds measuring for the step judges (summed)
+      **rollout_time_metrics(rolled),
   }
+
+
+def rollout_time_metrics(rolled: RolloutBatch) -> dict[str, float]:
+  """Where a step's rollout time went, and its floor.
+
+  `time/prefill_s`, `time/decode_s`, `time/grow_select_s` (inside the sampler, waited for, compilation not
+  included), `time/rollout_compile_s` (the sampler's tracing and compiling), `time/env_s` (env calls),
+  `time/template_s` (rendering and tokenizing); `rollout/idle_row_fraction`: decode row-steps whose row
+  sampled nothing (finished or waiting for the turn's longest row); `rollout/floor_s`: the step's decoded tokens
+  (each turn's first token comes with its prefill) packed perfectly over the episodes in flight at once, at this
+  step's mean seconds per decode step: what decoding would cost with no row ever idle."""
+  s = rolled.stats
+  in_flight = max(min(len(rolled.trajectories), s.episodes), 1)
+  decode_step_s = s.decode_s / s.decode_steps if s.decode_steps else 0.0
+  return {"time/prefill_s": s.prefill_s, "time/decode_s": s.decode_s, "time/grow_select_s": s.grow_select_s,
+          "time/rollout_compile_s": s.compile_s, "time/env_s": s.env_s, "time/template_s": s.template_s, "rollout/decode_steps": s.decode_steps,
+          "rollout/idle_row_fraction": s.idle_row_fraction,
+          "rollout/floor_s": math.ceil(s.decode_live_row_steps / in_flight) * decode_step_s}
 
 
 def behaviour_logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: dict[str, np.ndarray],
@@ -126,23 +145,33 @@ def behaviour_logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: dict[st
   chunk cut to its own longest bucket (right padding: every kept token's value is unchanged)."""
   out = np.zeros_like(batch["loss_mask"])
   for chunk in np.array_split(np.argsort(batch["lengths"], kind="stable"), num_chunks):
+    if not chunk.size:
+      continue
     ids = batching.take_rows(batch, chunk, buckets, keys=("input_ids",))["input_ids"]
-    out[chunk, :ids.shape[1]] = np.asarray(_logprobs(graphdef, params, ids, head_chunk_rows))
+    ids = np.concatenate([ids, np.zeros((row_bucket(len(chunk)) - len(chunk), ids.shape[1]), ids.dtype)])
+    out[chunk, :ids.shape[1]] = np.asarray(_logprobs(graphdef, params, ids, head_chunk_rows))[:len(chunk)]
   return out
+
+
+def row_bucket(rows: int, multiple: int = 1) -> int:
+  """The rows a batch of `rows` is padded to: `multiple` x the next power of two. A step's row counts vary (lone
+  groups and failed episodes leave), and each distinct count would compile its own scoring and update programs."""
+  return multiple * (1 << max(0, math.ceil(math.log2(max(-(-rows // multiple), 1)))))
 
 
 def ppo_updates(trainer: trainer_lib.Trainer, batch: dict[str, np.ndarray], buckets: Sequence[int], *,
                 epochs: int, num_minibatches: int, rng: np.random.Generator) -> list[dict[str, jax.Array]]:
   """`epochs` passes over the batch's rows in `num_minibatches` random minibatches, each cut to its longest bucket
-  and padded with zero-mask rows to a multiple of `minibatch_multiple(trainer)`. The minibatches are drawn over
-  the real rows, so the updates do not depend on the number of devices or microbatches."""
+  and padded with zero-mask rows to `row_bucket` (a power of two times `minibatch_multiple(trainer)`: few
+  programs). The minibatches are drawn over the real rows, so the updates do not depend on the number of devices
+  or microbatches."""
   rows = batch["input_ids"].shape[0]
   multiple = minibatch_multiple(trainer)
   metrics = []
   for _ in range(epochs):
     for minibatch in np.array_split(rng.permutation(rows), num_minibatches):
       cut = batching.take_rows(batch, minibatch, buckets, keys=RL_KEYS)
-      metrics.append(trainer.train_step(batching.pad_rows(cut, -(-len(minibatch) // multiple) * multiple)))
+      metrics.append(trainer.train_step(batching.pad_rows(cut, row_bucket(len(minibatch), multiple))))
   return metrics
 
 
@@ -178,9 +207,13 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   row["time/credit_s"] = time.perf_counter() - started
   batch = batching.batch_trajectories(trained, tokenizer, buckets=buckets, advantages=per_turn, truncate=True)
   for key, params in (("old_logp", trainer.state.params), ("ref_logp", ref_params)):
+    started = time.perf_counter()
     batch[key] = behaviour_logprobs(trainer.graphdef, params, batch, buckets, num_minibatches, head_chunk_rows)
+    row[f"time/{key}_s"] = time.perf_counter() - started
+  started = time.perf_counter()
   updates = ppo_updates(trainer, batch, buckets, epochs=ppo_epochs, num_minibatches=num_minibatches, rng=rng)
-  row.update(scalar_metrics(updates[-1]))
+  row.update(scalar_metrics(updates[-1]))  # (waits for the last update)
+  row["time/ppo_s"] = time.perf_counter() - started
   row["behaviour_logp_gap"] = float(np.sum((batch["old_logp"] - batch["logprobs"]) * batch["loss_mask"])
                                     / max(float(batch["loss_mask"].sum()), 1.0))
   row["exp_tokens"] = float(batch["exp_mask"].sum())

@@ -2,6 +2,7 @@
 
   python -m launch.benchmark --suite rollout [--repeats 3] [--episodes_per_env 2] [--max_rounds 4] \
       [--max_new_tokens 48]
+  python -m launch.benchmark --suite rollout --max_rounds 20 --max_new_tokens 96   # an RL step's limits
 
 The policy is the tiny default (`gin_configs/models/tiny.gin`, random weights from a fixed seed, or
 `--checkpoint` for a trained one), written once with `evolver.models.save_hf` plus the shipped tokenizer, so
@@ -481,6 +482,8 @@ def summarize(workload: Workload, ours: Sequence[dict], peer: Sequence[dict], *,
   return {
       "suite": "rollout", "unit": "episodes/s", "ours": ours_eps, "peer": peer_eps, "speedup": speedup,
       "speedup_self": speedup_self, "ours_reprefill": reprefill_eps,
+      # The first (cold) run of the task list on each side's best setting: JAX compiles its programs there.
+      "cold_s_ours": best_ours["cached"]["cached"]["first_s"], "cold_s_peer": best_peer["first_s"],
       "ours_setting": best_ours["cached"]["setting"], "peer_setting": best_peer["setting"],
       "episodes": n, "envs": envs_used, "max_rounds": workload.max_rounds,
       "max_new_tokens": workload.max_new_tokens,

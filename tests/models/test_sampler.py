@@ -1,5 +1,7 @@
 """The KV-cache sampler against full recomputation without a cache."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -276,3 +278,28 @@ def test_bad_inputs_raise_clear_errors(sampler):
   first = sampler.generate([[1, 2]], SamplingParams(max_new_tokens=2, temperature=0.0))
   with pytest.raises(ValueError, match="rows of new tokens for a session of 1 rows"):
     sampler.generate([[1], [2]], SamplingParams(max_new_tokens=2), session=first.session)
+
+
+def test_stats_count_decode_work_idle_rows_and_compilation_apart(model):
+  fresh = Sampler(model, cache_bucket=16, chunk_bucket=4, max_length=128)  # its own programs: compiled here
+  params = SamplingParams(max_new_tokens=8, temperature=0.0)
+  prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11]]  # 3 rows run as a batch of 4: one padding row
+  fresh.generate(prompts, params)
+  first = dataclasses.replace(fresh.stats)
+  assert first.generate_calls == 1 and first.compiles > 0 and first.compile_s > 0
+  fresh.generate(prompts, params)  # the same shapes: nothing compiles
+  work = fresh.stats.minus(first)
+  assert work.compiles == 0 and work.compile_s == 0
+  assert work.decode_steps == 7  # the first token comes with the prefill
+  assert work.decode_row_steps == 7 * 4 and work.decode_live_row_steps == 7 * 3
+  assert work.idle_row_fraction == pytest.approx(0.25)
+  assert work.prefill_s > 0 and work.decode_s > 0 and work.decode_step_s == pytest.approx(work.decode_s / 7)
+
+
+def test_capacities_and_batches_come_from_small_ladders(model):
+  ladder = Sampler(model, cache_bucket=16, chunk_bucket=4, max_length=200)
+  capacities = sorted({ladder._capacity_for(n) for n in range(1, 201)})
+  assert capacities == [16, 32, 48, 64, 96, 128, 192, 200]  # 16 x (1, 2, 3, 4, 6, 8, 12), then max_length
+  assert all(ladder._capacity_for(n) >= n for n in range(1, 201))
+  out = ladder.generate([[1, 2]] * 5, SamplingParams(max_new_tokens=2, temperature=0.0))
+  assert out.session.cache.batch_size == 8  # batches pad to powers of two

@@ -283,3 +283,24 @@ def test_a_checkpoints_other_stop_ids_end_turns_and_keep_the_history_the_rendere
         ended_on_eos += 1  # the template's token stands where <|endoftext|> was sampled, given, not trained
         assert t.loss_mask[start:stop - 1].all() and t.logprobs[stop - 1] == 0.0
   assert ended_on_eos >= 4 and sum(t.cut_turns for t in cached.trajectories) < ended_on_eos
+
+
+def test_a_batch_that_keeps_its_shape_gives_the_same_episodes(engine, cached):
+  """compact_rows=False: ended episodes stay in the batch as rows that take no part; every episode (tokens,
+  log-probs, messages), greedy and sampled, is the one the compacting batch gives, and no row is ever dropped."""
+  fixed = engine.run(TASKS, dataclasses.replace(CONFIG, compact_rows=False))
+  for a, b in zip(cached.trajectories, fixed.trajectories):
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert [m.content for m in a.messages] == [m.content for m in b.messages]
+    assert (a.reward, a.turns, a.finish_reason) == (b.reward, b.turns, b.finish_reason)
+  assert fixed.stats.select_calls == 0 and fixed.stats.rows_generated == cached.stats.rows_generated
+  # Rows of ended episodes idle through the later turns' decode steps.
+  assert fixed.stats.idle_row_fraction > cached.stats.idle_row_fraction
+  sampled = RolloutConfig(max_new_tokens=24, temperature=1.0, max_rounds=4, num_samples=2, seed=3)
+  compacting = engine.run(TASKS, sampled)
+  keeping = engine.run(TASKS, dataclasses.replace(sampled, compact_rows=False))
+  for a, b in zip(compacting.trajectories, keeping.trajectories):
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)

@@ -141,6 +141,15 @@ def test_grpo_runs_from_a_bc_checkpoint_and_resumes(tmp_path):
   # Where a step's time goes: its episodes, then the update.
   assert all(r["time/rollout_s"] > 0 and r["rollout/sampled_tokens"] > 0 for r in rows)
   assert all(r["time/update_s"] > 0 for r in trained)
+  # The breakdown: the sampler's pieces without compilation, the log-prob passes and updates, what XLA compiled
+  # (the first step compiles the sampler's and the update's programs), memory, and the floor below the rollout.
+  for r in rows:
+    parts = r["time/prefill_s"] + r["time/decode_s"] + r["time/grow_select_s"] + r["time/rollout_compile_s"]
+    assert 0 < parts <= r["time/rollout_s"] and r["time/env_s"] > 0
+    assert 0 < r["rollout/floor_s"] <= r["time/decode_s"] and 0 <= r["rollout/idle_row_fraction"] < 1
+    assert r["memory/peak_rss_gb"] >= r["memory/rss_gb"] > 0
+  assert rows[0]["compile/compiles"] > 0 and rows[0]["time/rollout_compile_s"] > 0
+  assert all(r["time/old_logp_s"] > 0 and r["time/ref_logp_s"] > 0 and r["time/ppo_s"] > 0 for r in trained)
   # The recomputed behaviour log-probs match the sampler's (same weights, same tokens).
   assert all(abs(r["behaviour_logp_gap"]) < 1e-3 for r in trained)
   assert sum(r["rollout/truncated"] for r in rows) > 0
