@@ -160,16 +160,30 @@ def row_bucket(rows: int, multiple: int = 1) -> int:
 
 
 def ppo_updates(trainer: trainer_lib.Trainer, batch: dict[str, np.ndarray], buckets: Sequence[int], *,
-                epochs: int, num_minibatches: int, rng: np.random.Generator) -> list[dict[str, jax.Array]]:
-  """`epochs` passes over the batch's rows in `num_minibatches` random minibatches, each cut to its longest bucket
-  and padded with zero-mask rows to `row_bucket` (a power of two times `minibatch_multiple(trainer)`: few
-  programs). The minibatches are drawn over the real rows, so the updates do not depend on the number of devices
-  or microbatches."""
+                epochs: int, num_minibatches: int, rng: np.random.Generator,
+                minibatch_order: str = "random") -> list[dict[str, jax.Array]]:
+  """`epochs` passes over the batch's rows in `num_minibatches` minibatches, each cut to its longest bucket and
+  padded with zero-mask rows to `row_bucket` (a power of two times `minibatch_multiple(trainer)`: few programs).
+
+  minibatch_order: "random" draws each pass's minibatches as a random partition of the rows (PPO's usual);
+  "length" groups rows of similar length (sorted by length, ties broken at random) into the minibatches and runs
+  them in a random order, so short episodes train at a short bucket instead of the longest row's of a random
+  draw; each update then sees episodes of one length range (a bias random minibatches do not have).
+  The minibatches are drawn over the real rows, so the updates do not depend on the number of devices or
+  microbatches."""
+  if minibatch_order not in ("random", "length"):
+    raise ValueError(f"minibatch_order must be 'random' or 'length', got {minibatch_order!r}")
   rows = batch["input_ids"].shape[0]
   multiple = minibatch_multiple(trainer)
   metrics = []
   for _ in range(epochs):
-    for minibatch in np.array_split(rng.permutation(rows), num_minibatches):
+    order = rng.permutation(rows)
+    if minibatch_order == "length":
+      order = order[np.argsort(batch["lengths"][order], kind="stable")]
+    minibatches = np.array_split(order, num_minibatches)
+    if minibatch_order == "length":
+      minibatches = [minibatches[i] for i in rng.permutation(len(minibatches))]
+    for minibatch in minibatches:
       cut = batching.take_rows(batch, minibatch, buckets, keys=RL_KEYS)
       metrics.append(trainer.train_step(batching.pad_rows(cut, row_bucket(len(minibatch), multiple))))
   return metrics
@@ -191,7 +205,8 @@ def with_peers(rollouts: Sequence[Rollout]) -> tuple[list[Rollout], int]:
 def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequence[Rollout],
                 tokenizer: PreTrainedTokenizerBase, *, advantage_fn: advantages_lib.AdvantageFn,
                 buckets: Sequence[int], ppo_epochs: int, num_minibatches: int, rng: np.random.Generator,
-                head_chunk_rows: int | None = None, step: int = 0) -> dict[str, Any]:
+                head_chunk_rows: int | None = None, step: int = 0,
+                minibatch_order: str = "random") -> dict[str, Any]:
   """Steps 4-6 of an RL step on its scored rollouts: per-turn advantages, the behaviour and reference
   log-probabilities, and the HET-PPO updates (`ppo_epochs * num_minibatches` of them; when no group has two
   scored episodes, none, but the trainer's step still advances by that many). Returns the step's metrics."""
@@ -211,7 +226,8 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
     batch[key] = behaviour_logprobs(trainer.graphdef, params, batch, buckets, num_minibatches, head_chunk_rows)
     row[f"time/{key}_s"] = time.perf_counter() - started
   started = time.perf_counter()
-  updates = ppo_updates(trainer, batch, buckets, epochs=ppo_epochs, num_minibatches=num_minibatches, rng=rng)
+  updates = ppo_updates(trainer, batch, buckets, epochs=ppo_epochs, num_minibatches=num_minibatches, rng=rng,
+                        minibatch_order=minibatch_order)
   row.update(scalar_metrics(updates[-1]))  # (waits for the last update)
   row["time/ppo_s"] = time.perf_counter() - started
   row["behaviour_logp_gap"] = float(np.sum((batch["old_logp"] - batch["logprobs"]) * batch["loss_mask"])
@@ -229,7 +245,8 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
                buckets: Sequence[int] = (512, 768, 1024, 1536, 2048), seed: int = 0,
                advantage_fn: advantages_lib.AdvantageFn = advantages_lib.grpo_turn_advantages,
                extensions: Sequence[RLExtension] = (), record_expert_actions: bool = False,
-               head_chunk_rows: int | None = None, tokenizer_path: str | None = None) -> dict[str, Any]:
+               head_chunk_rows: int | None = None, minibatch_order: str = "random",
+               tokenizer_path: str | None = None) -> dict[str, Any]:
   """Runs (or resumes) GRPO from a BC run or a transformers checkpoint. Returns the final `eval` results (empty
   when LoopConfig.eval_tasks is 0).
 
@@ -246,6 +263,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
     record_expert_actions: rollouts record the scripted expert's action at every state (built-in envs).
     head_chunk_rows: log-probabilities (updates and behaviour/reference scoring) through the LM head this many
       tokens at a time instead of full `[B, T, V]` logits: the memory peak at a large vocabulary.
+    minibatch_order: "random" or "length" (`ppo_updates`).
   """
   if not init_checkpoint and not hf_checkpoint:
     raise ValueError("GRPO continues a policy: set INIT_CHECKPOINT to a BC run's MODEL_DIR, e.g. "
@@ -298,7 +316,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
     row.update(grpo_update(trainer, ref_params, kept, tokenizer, advantage_fn=advantage_fn, buckets=buckets,
                            ppo_epochs=ppo_epochs, num_minibatches=num_minibatches,
                            rng=np.random.default_rng([seed, step + 1, 1]), head_chunk_rows=head_chunk_rows,
-                           step=step))
+                           step=step, minibatch_order=minibatch_order))
     row["time/update_s"] = time.perf_counter() - started  # advantages, old/reference logprobs, the PPO updates
     row["loss"] = row.get("loss", float("nan"))
     for ext in extensions:

@@ -303,3 +303,26 @@ def test_capacities_and_batches_come_from_small_ladders(model):
   assert all(ladder._capacity_for(n) >= n for n in range(1, 201))
   out = ladder.generate([[1, 2]] * 5, SamplingParams(max_new_tokens=2, temperature=0.0))
   assert out.session.cache.batch_size == 8  # batches pad to powers of two
+
+
+def test_compacting_the_decode_batch_changes_no_token_and_saves_row_steps(flat_model):
+  """Rows stop at different steps (sampled, one stop id): with compact_decode the live rows move to smaller batches
+  as others stop, and every row's tokens and log-probs, and the session it leaves, are those of the full batch."""
+  params = SamplingParams(max_new_tokens=40, temperature=1.0, stop_ids=(STOP, 9, 17))
+  prompts = [[3 + i, 4, 5 + i % 3] for i in range(7)]
+  outs, stats = {}, {}
+  for compact in (False, True):
+    s = Sampler(flat_model, cache_bucket=16, chunk_bucket=4, max_length=128, compact_decode=compact)
+    first = s.generate(prompts, params, seed=11)
+    second = s.generate([[20, 21]] * 7, params, seed=12, session=first.session)
+    outs[compact], stats[compact] = (first, second), s.stats
+  for a, b in zip(outs[False], outs[True]):
+    assert a.tokens == b.tokens
+    for x, y in zip(a.logprobs, b.logprobs):
+      np.testing.assert_allclose(x, y, atol=1e-5)
+    np.testing.assert_array_equal(a.session.lengths, b.session.lengths)
+    np.testing.assert_array_equal(np.asarray(a.session.pending), np.asarray(b.session.pending))
+  lengths = sorted(len(t) for t in outs[False][0].tokens)
+  assert lengths[0] < lengths[-1]  # rows stop at different steps
+  assert stats[True].decode_live_row_steps == stats[False].decode_live_row_steps
+  assert stats[True].decode_row_steps < stats[False].decode_row_steps

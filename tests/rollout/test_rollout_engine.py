@@ -296,8 +296,7 @@ def test_a_batch_that_keeps_its_shape_gives_the_same_episodes(engine, cached):
     assert [m.content for m in a.messages] == [m.content for m in b.messages]
     assert (a.reward, a.turns, a.finish_reason) == (b.reward, b.turns, b.finish_reason)
   assert fixed.stats.select_calls == 0 and fixed.stats.rows_generated == cached.stats.rows_generated
-  # Rows of ended episodes idle through the later turns' decode steps.
-  assert fixed.stats.idle_row_fraction > cached.stats.idle_row_fraction
+  assert fixed.stats.decode_live_row_steps == cached.stats.decode_live_row_steps
   sampled = RolloutConfig(max_new_tokens=24, temperature=1.0, max_rounds=4, num_samples=2, seed=3)
   compacting = engine.run(TASKS, sampled)
   keeping = engine.run(TASKS, dataclasses.replace(sampled, compact_rows=False))

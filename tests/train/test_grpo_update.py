@@ -193,3 +193,46 @@ def test_chunked_head_loss_equals_full_logits():
   with pytest.raises(ValueError, match="entropy bonus needs the full logits"):
     rl.het_ppo_loss_fn(nnx.merge(graphdef, params), batch, step_lib.batch_normalizers(batch), entropy_coeff=0.1,
                        head_chunk_rows=16)
+
+
+class _RecordingTrainer:
+  """What `ppo_updates` uses of a Trainer (its mesh, microbatches and train_step), recording each update's batch."""
+
+  def __init__(self):
+    self.mesh = type("Mesh", (), {"shape": {"data": 1, "fsdp": 1}})()
+    self.config = TrainerConfig(async_checkpoint=False)
+    self.batches = []
+
+  def train_step(self, batch):
+    self.batches.append(batch)
+    return {"loss": jnp.float32(0.0)}
+
+
+@pytest.mark.parametrize("order", ["random", "length"])
+def test_minibatches_cover_every_row_once_at_few_shapes(order):
+  """Each pass covers every real row exactly once; "length" puts rows of similar length together (each minibatch a
+  contiguous range of the sorted lengths) so short ones train at a short bucket; rows pad to a power of two."""
+  lengths = np.array([30, 500, 120, 90, 1900, 60, 700, 1500, 40, 300, 1000, 80, 25, 2000, 100, 640], np.int32)
+  rows = len(lengths)
+  batch = {k: np.zeros([rows, 2048], np.float32) for k in rl.RL_KEYS}
+  batch["input_ids"] = np.tile(np.arange(1, rows + 1, dtype=np.int32)[:, None], (1, 2048))  # row r holds id r + 1
+  batch["lengths"] = lengths
+  for r, n in enumerate(lengths):
+    batch["loss_mask"][r, :n] = 1.0
+  trainer = _RecordingTrainer()
+  rl.ppo_updates(trainer, batch, (128, 512, 1024, 2048), epochs=2, num_minibatches=3,
+                 rng=np.random.default_rng(0), minibatch_order=order)
+  assert len(trainer.batches) == 6
+  for epoch in (trainer.batches[:3], trainer.batches[3:]):
+    seen = [int(i) - 1 for b in epoch for i in b["input_ids"][:, 0] if i > 0]
+    assert sorted(seen) == list(range(rows))
+    assert all(b["input_ids"].shape[0] in (4, 8) for b in epoch)  # 5 or 6 rows, padded to 8
+  widths = sorted(b["input_ids"].shape[1] for b in trainer.batches[:3])
+  if order == "length":
+    ranges = sorted((lengths[[int(i) - 1 for i in b["input_ids"][:, 0] if i > 0]].min(),
+                     lengths[[int(i) - 1 for i in b["input_ids"][:, 0] if i > 0]].max()) for b in trainer.batches[:3])
+    assert all(hi < lo_next for (_, hi), (lo_next, _) in zip(ranges, ranges[1:]))  # disjoint length ranges
+    assert widths == [128, 1024, 2048]
+  with pytest.raises(ValueError, match="minibatch_order"):
+    rl.ppo_updates(trainer, batch, (2048,), epochs=1, num_minibatches=2, rng=np.random.default_rng(0),
+                   minibatch_order="sorted")
