@@ -310,6 +310,11 @@ def _geometric_bucket(n: int) -> int:
   return three_halves if power >= 4 and three_halves >= n else power
 
 
+# Decode batches are not compacted below this many rows: a smaller batch saves little per step, and every batch
+# size is programs to compile (decode, and the gather and scatter from and to each larger batch, per capacity).
+_MIN_COMPACT_ROWS = 8
+
+
 def _gather_rows(state: _LoopState, rows: jax.Array, live: jax.Array) -> _LoopState:
   """The decode state of rows `rows` `[R]` int32 of `state` (a smaller batch); entries with `live` False are
   padding, marked done."""
@@ -347,9 +352,9 @@ class Sampler:
         lengths waste little compute on padding and a long history never materialises
         `[B, heads, chunk, capacity]` attention scores at once. 64 measured fastest of 256/128/64 on the
         rollout benchmark (prefill 2.5 s -> 1.8 s for 48 episodes on CPU); smaller pieces compile more programs.
-      compact_decode: within a call, once half the rows have stopped, decode the live ones in a batch half as large
-        (rows gathered, and scattered back when the call ends): decode steps cost what the live rows need, not the
-        turn's longest row times the whole batch. Same tokens either way.
+      compact_decode: within a call, once half the rows have stopped, decode the live ones in a smaller batch (a
+        power of two, at least 8 rows; rows gathered, and scattered back when the call ends): decode steps cost
+        closer to what the live rows need than the turn's longest row times the whole batch. Same tokens either way.
     """
     self.compact_decode = compact_decode
     if prefill_piece % chunk_bucket:
@@ -548,7 +553,7 @@ class Sampler:
     while True:
       width = state.done.shape[0]
       started, mark, before = time.perf_counter(), self._compiles.mark(), step
-      min_live = jnp.int32(width // 2 if self.compact_decode and width > 1 else 0)
+      min_live = jnp.int32(width // 2 if self.compact_decode and width > _MIN_COMPACT_ROWS else 0)
       state = self._decode(self.params, state, knobs, min_live, static=static)
       done = np.asarray(state.done)
       step, all_done = int(state.step), bool(done.all())
@@ -559,13 +564,13 @@ class Sampler:
       if step >= num_new or all_done:
         break
       live_rows = np.flatnonzero(~done)
-      if self.compact_decode and len(live_rows) <= width // 2:
+      if self.compact_decode and width > _MIN_COMPACT_ROWS and len(live_rows) <= width // 2:
         started, mark = time.perf_counter(), self._compiles.mark()
         if full is None:
           full, rows_of_full = state, np.arange(width, dtype=np.int32)
         else:
           full = self._scatter_rows(full, state, jnp.asarray(rows_of_full))
-        sub = _batch_bucket(len(live_rows))
+        sub = max(_batch_bucket(len(live_rows)), _MIN_COMPACT_ROWS)
         picked = np.zeros(sub, np.int32)
         picked[:len(live_rows)] = rows_of_full[live_rows]
         state = self._gather_rows(full, jnp.asarray(picked), jnp.asarray(np.arange(sub) < len(live_rows)))
