@@ -22,8 +22,9 @@ repeated: on a loaded 2-core machine two torch threads ran up to 30x slower than
 program per batch and cache bucket there), then the median of `--repeats`. Both sides run the same task list,
 so episodes/s compare directly; turns and tokens generated per side are printed, and the greedy texts are
 compared turn by turn (float differences and the peer's re-tokenization of decoded text can make them
-diverge, so an agreement rate is reported rather than asserted). A profiled extra run splits our time into
-prefill, decode, cache growth/selection, host work inside `generate`, env steps and templating.
+diverge, so an agreement rate is reported rather than asserted). An extra run splits our time into prefill,
+decode, cache growth/selection, host work inside `generate`, env steps and templating (the sampler's own
+accounting, `SamplerStats`).
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ from launch.benchmarks import common
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_GIN = os.path.join(ROOT, "gin_configs", "models", "tiny.gin")
 MODES = ("cached", "reprefill")
-# The sampler's jitted pieces (`_extend`, `_extend_rows`: the leading pieces of a long prefill).
 # A later torch thread setting whose warm-up run alone exceeds this many times the best median so far
 # cannot win; its repeats are skipped.
 GIVE_UP_FACTOR = 3.0
-_JITTED = ("_prefill", "_extend", "_extend_rows", "_decode", "_resize", "_select")
+# The sampler's jitted pieces (`_extend`, `_extend_rows`: the leading pieces of a long prefill; `_gather_rows`,
+# `_scatter_rows`: decode batches compacted within a call), whose compiled programs the suite counts.
+_JITTED = ("_prefill", "_extend", "_extend_rows", "_decode", "_resize", "_select", "_gather_rows", "_scatter_rows")
 _MODE_NAMES = {"cached": "cache kept across turns", "reprefill": "history re-prefilled every turn"}
 _JAX_THREAD_SETTINGS = {
     # name: environment for the worker process (as the sampler suite)
@@ -125,71 +127,31 @@ def _episodes_from_engine(batch) -> list[dict]:
            "finish": t.finish_reason, "error": t.error} for t in batch.trajectories]
 
 
-def _instrument(sampler, timers: dict[str, float], counts: dict[str, int]):
-  """Wraps the sampler's jitted pieces so that each call blocks and is timed (profiling runs only)."""
-  import jax
-  originals = {}
-  for name in _JITTED:
-    if not hasattr(sampler, name):
-      continue
-    fn = originals[name] = getattr(sampler, name)
-
-    def wrapped(*args, _fn=fn, _name=name, **kwargs):
-      if _name in ("_prefill", "_extend", "_extend_rows"):
-        chunk = args[3] if _name == "_extend_rows" else args[2]
-        counts["prefill_slots"] += int(chunk.shape[0] * chunk.shape[1])  # rows x padded chunk
-      if _name == "_decode":
-        state = args[1]
-        before, batch, capacity = int(state.step), state.cache.batch_size, state.cache.capacity
-      start = time.perf_counter()
-      out = jax.block_until_ready(_fn(*args, **kwargs))  # (the call donates its input state)
-      timers[_name] += time.perf_counter() - start
-      counts[_name] += 1
-      if _name == "_decode":
-        steps = int(out.step) - before
-        counts["decode_steps"] += steps
-        counts["decode_row_steps"] += steps * batch
-        counts["decode_slot_steps"] += steps * capacity
-      return out
-
-    setattr(sampler, name, wrapped)
-
-  def restore():
-    for name, fn in originals.items():
-      setattr(sampler, name, fn)
-
-  return restore
-
-
 def _profile_engine(engine, tasks, config) -> dict:
-  """One extra run with every jitted call timed: where the time goes."""
-  timers = dict.fromkeys(_JITTED, 0.0)
-  counts = {name: 0 for name in timers} | dict.fromkeys(
-      ("prefill_slots", "decode_steps", "decode_row_steps", "decode_slot_steps"), 0)
-  restore = _instrument(engine.sampler, timers, counts)
-  try:
-    batch = engine.run(tasks, config)
-  finally:
-    restore()
+  """One extra run, read through the sampler's own accounting (`SamplerStats`, in `RolloutStats`): where the time
+  goes. Compilation is apart (`compile_s`); the warm-up run compiled this workload's programs already."""
+  before = dataclasses.replace(engine.sampler.stats)
+  batch = engine.run(tasks, config)
+  work = engine.sampler.stats.minus(before)
   s = batch.stats
-  device = sum(timers.values())
+  inside = s.prefill_s + s.decode_s + s.grow_select_s + s.compile_s
   return {
       "total_s": s.total_s,
-      "prefill_s": timers["_prefill"] + timers["_extend"] + timers["_extend_rows"],
-      "decode_s": timers["_decode"],
-      "grow_select_s": timers["_resize"] + timers["_select"],
-      "generate_host_s": s.generate_s - device,
+      "prefill_s": s.prefill_s,
+      "decode_s": s.decode_s,
+      "grow_select_s": s.grow_select_s,
+      "compile_s": s.compile_s,
+      "generate_host_s": s.generate_s - inside,
       "env_s": s.env_s,
       "template_s": s.template_s,
       "other_s": s.total_s - s.generate_s - s.env_s - s.template_s,
       "generate_calls": s.generate_calls,
-      "prefill_calls": counts["_prefill"] + counts["_extend"] + counts["_extend_rows"],
-      "decode_calls": counts["_decode"],
-      "decode_steps": counts["decode_steps"],
-      "decode_rows_mean": counts["decode_row_steps"] / max(counts["decode_steps"], 1),
-      "decode_capacity_mean": counts["decode_slot_steps"] / max(counts["decode_steps"], 1),
+      "decode_calls": work.decode_calls,
+      "decode_steps": s.decode_steps,
+      "decode_rows_mean": s.decode_row_steps / max(s.decode_steps, 1),
+      "idle_row_fraction": s.idle_row_fraction,
       "prefill_tokens": s.prefill_tokens,
-      "prefill_slots": counts["prefill_slots"],
+      "prefill_slots": work.prefill_slots,
       "sampled_tokens": s.sampled_tokens,
       "rows_generated": s.rows_generated,
       "select_calls": s.select_calls,
@@ -447,8 +409,8 @@ def summarize(workload: Workload, ours: Sequence[dict], peer: Sequence[dict], *,
   brows.append(["AgentGym-style peer", f"{pp['total_s']:.3f}", f"{pp['prefill_s']:.3f}", f"{pp['decode_s']:.3f}",
                 "-", "(in decode)", f"{pp['env_s']:.3f}", f"{pp['template_s']:.3f}", f"{pp['other_s']:.3f}",
                 f"{best_peer['first_s'] - best_peer['seconds']:.2f}"])
-  common.print_table("Where the time goes (seconds per run of the task list; ours from one profiled run with "
-                     "every jitted call blocked on; the peer's prefill is one forward of each turn's input timed "
+  common.print_table("Where the time goes (seconds per run of the task list; ours from one more run, read from "
+                     "the sampler's accounting; the peer's prefill is one forward of each turn's input timed "
                      "apart, its decode the rest of `generate`; compile ~ warm-up minus median)",
                      ["run", "total", "prefill", "decode", "grow/select", "host in generate", "env",
                       "template", "other", "compile~"], brows)
@@ -457,10 +419,10 @@ def summarize(workload: Workload, ours: Sequence[dict], peer: Sequence[dict], *,
     p = prof[mode]
     if not p:
       continue
-    print(f"ours, {_MODE_NAMES[mode]}: {p['generate_calls']} generate calls, {p['prefill_calls']} prefill calls, "
+    print(f"ours, {_MODE_NAMES[mode]}: {p['generate_calls']} generate calls, "
           f"{p['decode_calls']} decode loops, "
-          f"{p['decode_steps']} decode steps of {p['decode_rows_mean']:.1f} rows over {p['decode_capacity_mean']:.0f} "
-          f"cache slots on average ({1e3 * p['decode_s'] / max(p['decode_steps'], 1):.2f} ms/step); "
+          f"{p['decode_steps']} decode steps of {p['decode_rows_mean']:.1f} rows on average, "
+          f"{p['idle_row_fraction']:.0%} of them idle ({1e3 * p['decode_s'] / max(p['decode_steps'], 1):.2f} ms/step); "
           f"{p['prefill_tokens']} tokens fed in {p['prefill_slots']} padded slots "
           f"({p['prefill_slots'] / max(p['prefill_s'], 1e-9):.0f} slots/s); {p['sampled_tokens']} sampled; "
           f"{p['select_calls']} batch shrinks")
