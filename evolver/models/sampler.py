@@ -101,8 +101,9 @@ class SamplerStats:
   """Where a sampler's time went, summed over calls (seconds of wall time, each piece waited for).
 
   Compilation is counted apart (`compile_s`, from `evolver.runtime.CompileLog`): the other times are running
-  compiled programs and the host work around them. prefill: the new tokens of every call (all pieces of a long chunk, and sampling each row's first token);
-  decode: the single-token steps; grow: cache resizes; select: dropping rows. `decode_row_steps` counts every
+  compiled programs and the host work around them. prefill: the new tokens of every call (all pieces of a long
+  chunk, and sampling each row's first token); decode: the single-token steps; grow: cache resizes; select:
+  dropping rows, and moving rows between decode batches (`compact_decode`). `decode_row_steps` counts every
   row of the padded batch at every decode step, `decode_live_row_steps` those that sampled a token: the rest is
   idle rows, waiting for the longest row of their call (or batch padding)."""
 
@@ -297,8 +298,9 @@ def _round_up(n: int, multiple: int) -> int:
 def _batch_bucket(n: int) -> int:
   """The padded batch for n rows: the next power of two. Every distinct batch is a new program for each cache
   capacity and chunk width, and a real RL step meets most of them: with 1.5x sizes as well (1, 2, 3, 4, 6, 8, 12,
-  ...) a GRPO step of the CPU recipe compiled ~100 sampler programs after the first step (`launch.benchmark
-  --suite rl_step`); powers of two halve the set for at most half the rows as padding."""
+  ...) and capacities in steps of 64, the second GRPO step of the CPU recipe (maze) compiled 97 programs, most of
+  them the sampler's (`launch.benchmark --suite rl_step`); powers of two halve the set for at most half the rows
+  as padding."""
   return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
@@ -547,8 +549,9 @@ class Sampler:
     step = int(state.step)  # waits for the prefill
     stats.add_time("prefill", started, mark)
     # With `compact_decode`, once no more than half the rows of the batch decoding are live, the live ones move to a
-    # batch half as large (or smaller) and go on there; `full` keeps every row, `rows` says which of its rows the
-    # smaller batch holds. A row's tokens do not depend on its batch, so the results are the same.
+    # smaller batch (a power of two, at least _MIN_COMPACT_ROWS) and go on there; `full` keeps every row,
+    # `rows_of_full` says which of its rows the smaller batch holds (padding: past full's end). A row's tokens do
+    # not depend on its batch, so the results are the same.
     full, rows_of_full = None, None
     while True:
       width = state.done.shape[0]

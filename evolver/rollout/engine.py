@@ -250,7 +250,8 @@ class RolloutStats:
   template_s: float = 0.0    # rendering and tokenizing
   total_s: float = 0.0
   # Inside generate (the sampler's `SamplerStats` over this run): prefill, decode steps, cache growth and row
-  # selection, each without the compilation that happened inside it; decode row-steps of the padded batch and those whose row sampled a token.
+  # selection, each without the compilation that happened inside it; decode row-steps of the padded batch and
+  # those whose row sampled a token.
   prefill_s: float = 0.0
   decode_s: float = 0.0
   grow_select_s: float = 0.0

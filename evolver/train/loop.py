@@ -13,10 +13,10 @@ updates) and returns its metrics row. The loop owns everything around it:
 - resume: the latest complete checkpoint's train state, the extras the algorithm saved with it, and the state
   files of every `StateOwner` (an experience workspace, a synthetic task set), restored together; metrics rows
   and best policies past the restored step are dropped (they are recomputed);
-- per step: what XLA compiled during it (`compile/*`, `evolver.runtime.CompileLog`, tagged "step N") and the
-  process's memory (`memory/*`); the `val` evaluation every `LoopConfig.eval_every` steps and at the end of every segment, keeping the
-  best policy (`MODEL_DIR/best/`); the metrics row (JSONL + TensorBoard); the checkpoint every
-  `TrainerConfig.checkpoint_every` steps and at the segment's end, with the algorithm's extras, the best val score
+- per step: what XLA compiled during it, val included (`compile/*`, `evolver.runtime.CompileLog`, tagged
+  "step N"), and the process's memory (`memory/*`); the `val` evaluation every `LoopConfig.eval_every` steps and at
+  the end of every segment, keeping the best policy (`MODEL_DIR/best/`); the metrics row (JSONL + TensorBoard);
+  the checkpoint every `TrainerConfig.checkpoint_every` steps and at the segment's end, with the algorithm's extras, the best val score
   and the owners' state files, atomically; the progress bar;
 - the end: the held-out evaluation of the policy selected on `val` (the last one when the run has no `val`),
   written to `MODEL_DIR/eval_results.json`, logged and printed.

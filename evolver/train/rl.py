@@ -128,15 +128,15 @@ def rollout_time_metrics(rolled: RolloutBatch) -> dict[str, float]:
   included), `time/rollout_compile_s` (the sampler's tracing and compiling), `time/env_s` (env calls),
   `time/template_s` (rendering and tokenizing); `rollout/idle_row_fraction`: decode row-steps whose row
   sampled nothing (finished or waiting for the turn's longest row); `rollout/floor_s`: the step's decoded tokens
-  (each turn's first token comes with its prefill) packed perfectly over the episodes in flight at once, at this
-  step's mean seconds per decode step: what decoding would cost with no row ever idle."""
+  (each turn's first token comes with its prefill) packed perfectly over the step's episodes (GRPO runs them all
+  at once), at this step's mean seconds per decode step: what decoding would cost with no row ever idle."""
   s = rolled.stats
-  in_flight = max(min(len(rolled.trajectories), s.episodes), 1)
   decode_step_s = s.decode_s / s.decode_steps if s.decode_steps else 0.0
   return {"time/prefill_s": s.prefill_s, "time/decode_s": s.decode_s, "time/grow_select_s": s.grow_select_s,
-          "time/rollout_compile_s": s.compile_s, "time/env_s": s.env_s, "time/template_s": s.template_s, "rollout/decode_steps": s.decode_steps,
+          "time/rollout_compile_s": s.compile_s, "time/env_s": s.env_s, "time/template_s": s.template_s,
+          "rollout/decode_steps": s.decode_steps,
           "rollout/idle_row_fraction": s.idle_row_fraction,
-          "rollout/floor_s": math.ceil(s.decode_live_row_steps / in_flight) * decode_step_s}
+          "rollout/floor_s": math.ceil(s.decode_live_row_steps / max(s.episodes, 1)) * decode_step_s}
 
 
 def behaviour_logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: dict[str, np.ndarray],

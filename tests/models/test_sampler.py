@@ -307,7 +307,8 @@ def test_capacities_and_batches_come_from_small_ladders(model):
 
 def test_compacting_the_decode_batch_changes_no_token_and_saves_row_steps(flat_model):
   """Rows stop at different steps (sampled, three stop ids): with compact_decode the live rows move to a batch of 8
-  once half have stopped, and every row's tokens and log-probs, and the session it leaves, are those of the full batch."""
+  once half have stopped, and every row's tokens and log-probs, and the session it leaves, are those of the full
+  batch."""
   params = SamplingParams(max_new_tokens=40, temperature=1.0, stop_ids=(STOP, 9, 17))
   prompts = [[3 + i % 11, 4 + i // 11, 5 + i % 3] for i in range(13)]  # a batch of 16: compacted to 8
   outs, stats = {}, {}
