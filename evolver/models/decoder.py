@@ -31,7 +31,9 @@ class KVCache(NamedTuple):
 
   keys, values: per layer `[B, Hkv, S, hd]` (S = capacity). lengths: `[B]` int32, the tokens row b holds: its
   slots [0, lengths[b]) are real and in order, so a token's slot is also its RoPE position and rows of
-  different lengths leave no holes (a row attends only to its own slots; capacity follows the longest row).
+  different lengths leave no holes (a row attends only to its own slots). The capacity is fixed when the cache
+  is made; attention reads only the blocks of slots that the longest row uses (`cached_attention`), so a large
+  capacity costs memory, not time.
   """
 
   keys: tuple[jax.Array, ...]
@@ -54,20 +56,6 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None) 
   zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
   return KVCache(keys=zeros, values=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
                  lengths=jnp.zeros((batch_size,), jnp.int32))
-
-
-def resize_cache(cache: KVCache, capacity: int) -> KVCache:
-  """Pads (new slots empty) or truncates the cache to `capacity` slots. Attention cost follows capacity, so the
-  sampler grows the cache in buckets instead of allocating the maximum length up front, and shrinks it when
-  the longest rows leave the batch. The caller keeps every row's length within the new capacity."""
-  extra = capacity - cache.capacity
-  if extra == 0:
-    return cache
-  if extra > 0:
-    resize = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
-  else:
-    resize = lambda x: x[:, :, :capacity]
-  return cache._replace(keys=tuple(map(resize, cache.keys)), values=tuple(map(resize, cache.values)))
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float | None = None, init: str = "normal") -> nnx.Param:
@@ -156,6 +144,68 @@ def _single_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.
   return out.astype(q.dtype).reshape(b, 1, h, hd)
 
 
+class CacheAccess(NamedTuple):
+  """Where a chunk's tokens go in a KV cache and what its queries read (`Decoder.forward_chunk`).
+
+  write_slots `[B, C]` int32: each new token's slot (>= capacity for padding: dropped). query_slots `[B, C]`
+  int32: the last slot each query attends to (its own; padding queries' are unused). num_slots `[]` int32: the
+  slots in use after the write (the longest row's length): attention reads the blocks that cover them and skips
+  the rest. block: slots per block (static; the capacity is a multiple of it)."""
+
+  write_slots: jax.Array
+  query_slots: jax.Array
+  num_slots: jax.Array
+  block: int
+
+
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, query_slots: jax.Array, num_slots: jax.Array,
+                     block: int) -> jax.Array:
+  """GQA of new queries over a KV cache, reading only the slots in use, `block` slots at a time (online softmax).
+
+  q `[B, T, H, hd]`; k, v `[B, Hkv, S, hd]`, S a multiple of `block`; query_slots `[B, T]` int32: query t of row
+  b attends to slots 0..query_slots[b, t] (a row's slots hold its tokens in order); num_slots `[]` int32: the
+  loop covers slots [0, num_slots) rounded up to whole blocks, so a step's cost follows the longest row, not the
+  capacity, and one program serves every length. Returns `[B, T, H, hd]`; scores and softmax in float32.
+  A decode step (T = 1) multiplies and reduces, as `_single_query_attention` does; a chunk uses batched matmuls
+  over (batch, KV head)."""
+  b, t, h, hd = q.shape
+  hkv, capacity = k.shape[1], k.shape[2]
+  g = h // hkv
+  if capacity % block:
+    raise ValueError(f"the cache's capacity {capacity} must be a multiple of the attention block {block}")
+  # [B, T, Hkv, G, hd] -> [B, Hkv, G*T, hd]: the query rows of one KV head; row m = group * T + position.
+  qg = q.reshape(b, t, hkv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, hd).astype(jnp.float32)
+  qg = qg / math.sqrt(hd)
+  last_slot = jnp.broadcast_to(query_slots[:, None, :], (b, g, t)).reshape(b, 1, g * t, 1)
+
+  def read_block(i, carry):
+    top, total, acc = carry  # running max [B, Hkv, M], normaliser [B, Hkv, M], output [B, Hkv, M, hd]
+    start = i * block
+    kb = jax.lax.dynamic_slice_in_dim(k, start, block, axis=2).astype(jnp.float32)
+    vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2).astype(jnp.float32)
+    if t == 1:
+      scores = jnp.sum(qg[:, :, :, None, :] * kb[:, :, None], axis=-1)  # [B, Hkv, G, block]
+    else:
+      scores = jnp.einsum("bkmd,bksd->bkms", qg, kb, preferred_element_type=jnp.float32)
+    slots = start + jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, block), 3)
+    scores = jnp.where(slots <= last_slot, scores, _MASK_VALUE)
+    new_top = jnp.maximum(top, jnp.max(scores, axis=-1))
+    probs = jnp.exp(scores - new_top[..., None])
+    rescale = jnp.exp(top - new_top)
+    if t == 1:
+      part = jnp.sum(probs[..., None] * vb[:, :, None], axis=3)  # [B, Hkv, G, hd]
+    else:
+      part = jnp.einsum("bkms,bksd->bkmd", probs, vb, preferred_element_type=jnp.float32)
+    return new_top, total * rescale + jnp.sum(probs, axis=-1), acc * rescale[..., None] + part
+
+  num_blocks = jnp.clip((num_slots + block - 1) // block, 1, capacity // block)
+  init = (jnp.full((b, hkv, g * t), _MASK_VALUE, jnp.float32), jnp.zeros((b, hkv, g * t), jnp.float32),
+          jnp.zeros((b, hkv, g * t, hd), jnp.float32))
+  _, total, acc = jax.lax.fori_loop(0, num_blocks, read_block, init)
+  out = (acc / total[..., None]).astype(q.dtype)
+  return out.reshape(b, hkv, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
+
+
 def _matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """x `[..., K]` @ kernel `[K, ...]` as one 2-D matmul (XLA:CPU runs 2-D dots on its fastest path; an einsum
   with several free dims on one side was measured 1.6x slower at batch 1)."""
@@ -181,11 +231,11 @@ class Attention(nnx.Module):
     if config.o_bias:
       self.o_bias = _param(rngs, (d,), ("embed",), pdt, init="zeros")
 
-  def __call__(self, x, positions, mask, kv_cache=None, write_slots=None):
-    """x `[B, T, D]`; positions `[B, T]`; mask `[B, T, S]`. Without a cache S = T (self-attention over the
-    chunk); with `kv_cache=(k, v)` `[B, Hkv, S, hd]` each token's key/value is first written to its row's slot
-    `write_slots` `[B, T]` (slots >= S, i.e. padding, are dropped) and S is the cache capacity.
-    Returns (out `[B, T, D]`, (k, v) or None)."""
+  def __call__(self, x, positions, mask, kv_cache=None, access: CacheAccess | None = None):
+    """x `[B, T, D]`; positions `[B, T]`. Without a cache, self-attention over the chunk with mask `[B, T, T]`.
+    With `kv_cache=(k, v)` `[B, Hkv, S, hd]`, each token's key/value is first written to its row's slot
+    (`access.write_slots`; padding is dropped), then the queries read the cache as `access` says
+    (`cached_attention`); `mask` is unused. Returns (out `[B, T, D]`, (k, v) or None)."""
     b, t, _ = x.shape
     cfg = self.config
     g = cfg.num_groups
@@ -200,19 +250,18 @@ class Attention(nnx.Module):
       k_cache, v_cache = kv_cache
       rows = jnp.arange(b, dtype=jnp.int32)[:, None]
       # Advanced indices on the batch and slot axes: the update is laid out [B, T, Hkv, hd], as k and v are.
-      k = k_cache.at[rows, :, write_slots].set(k.astype(k_cache.dtype), mode="drop")
-      v = v_cache.at[rows, :, write_slots].set(v.astype(v_cache.dtype), mode="drop")
+      k = k_cache.at[rows, :, access.write_slots].set(k.astype(k_cache.dtype), mode="drop")
+      v = v_cache.at[rows, :, access.write_slots].set(v.astype(v_cache.dtype), mode="drop")
+      k = constrain(k, ("batch", "act_kv_heads", "cache_length", "head_dim"))
+      v = constrain(v, ("batch", "act_kv_heads", "cache_length", "head_dim"))
+      attn = cached_attention(q, k, v, access.query_slots, access.num_slots, access.block)
       new_cache = (k, v)
     else:
-      k = k.transpose(0, 2, 1, 3)  # [B, Hkv, T, hd]
-      v = v.transpose(0, 2, 1, 3)
-      new_cache = None
-    k = constrain(k, ("batch", "act_kv_heads", "cache_length", "head_dim"))
-    v = constrain(v, ("batch", "act_kv_heads", "cache_length", "head_dim"))
-    if kv_cache is None:  # self-attention over the chunk: the Decoder's mask is causal
+      k = constrain(k.transpose(0, 2, 1, 3), ("batch", "act_kv_heads", "cache_length", "head_dim"))  # [B, Hkv, T, hd]
+      v = constrain(v.transpose(0, 2, 1, 3), ("batch", "act_kv_heads", "cache_length", "head_dim"))
+      # self-attention over the chunk: the Decoder's mask is causal
       attn = causal_block_attention(q, k.astype(x.dtype), v.astype(x.dtype), mask, cfg.causal_block)
-    else:
-      attn = grouped_attention(q, k.astype(x.dtype), v.astype(x.dtype), mask)
+      new_cache = None
     out = _matmul(attn.reshape(b, t, -1), self.o.get_value().reshape(-1, cfg.hidden_size))
     if cfg.o_bias:
       out = out + self.o_bias.get_value().astype(x.dtype)
@@ -253,8 +302,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, pdt, rngs=rngs)
     self.mlp = MLP(config, rngs=rngs)
 
-  def __call__(self, x, positions, mask, kv_cache=None, write_slots=None):
-    attn_out, new_cache = self.attn(self.attn_norm(x), positions, mask, kv_cache, write_slots)
+  def __call__(self, x, positions, mask, kv_cache=None, access: CacheAccess | None = None):
+    attn_out, new_cache = self.attn(self.attn_norm(x), positions, mask, kv_cache, access)
     x = constrain(x + attn_out, ("batch", "length", "act_embed"))
     x = constrain(x + self.mlp(self.mlp_norm(x)), ("batch", "length", "act_embed"))
     return x, new_cache
@@ -295,14 +344,14 @@ class Decoder(nnx.Module):
       out = jnp.dot(h2, self.lm_head.get_value().astype(h.dtype), preferred_element_type=jnp.float32)
     return constrain(out.reshape(b, t, -1), ("batch", "length", "act_vocab"))
 
-  def _run_layers(self, x, positions, mask, cache: KVCache | None, write_slots: jax.Array | None = None):
+  def _run_layers(self, x, positions, mask, cache: KVCache | None, access: CacheAccess | None = None):
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.keys[i], cache.values[i])
       if self.config.remat != "none" and cache is None:
         x, _ = nnx.remat(lambda blk, *a: blk(*a), policy=_remat_policy(self.config.remat))(layer, x, positions, mask)
       else:
-        x, kv = layer(x, positions, mask, kv, write_slots)
+        x, kv = layer(x, positions, mask, kv, access)
       if kv is not None:
         new_keys.append(kv[0])
         new_values.append(kv[1])
@@ -348,31 +397,29 @@ class Decoder(nnx.Module):
     logp_next = fused_head_logprobs(h.reshape(b * t, -1), head_t, next_ids.reshape(-1), rows).reshape(b, t)
     return jnp.pad(logp_next[:, :-1], ((0, 0), (1, 0)))
 
-  def forward_chunk(self, tokens: jax.Array, valid: jax.Array, cache: KVCache, *,
-                    last_only: bool = True) -> tuple[jax.Array, KVCache]:
+  def forward_chunk(self, tokens: jax.Array, valid: jax.Array, cache: KVCache, *, last_only: bool = True,
+                    block: int = 128) -> tuple[jax.Array, KVCache]:
     """Runs new tokens against the cache and appends them to it.
 
     tokens, valid: `[B, C]`, left-padded (a row's real tokens end at the chunk's last column; a row may have
     none). Row b's real tokens go to its slots [lengths[b], lengths[b] + n_b), which the caller keeps within
-    the capacity (slots past it are dropped). Returns logits `[B, V]` at the last column (or `[B, C, V]` with
+    the capacity (slots past it are dropped). Attention reads the cache `block` slots at a time, only as far as
+    the longest row reaches (`cached_attention`; the capacity must be a multiple of `block`, or `block` is the
+    whole capacity when it is smaller). Returns logits `[B, V]` at the last column (or `[B, C, V]` with
     last_only=False), float32, and the updated cache.
     """
-    b, c = tokens.shape
     valid = valid.astype(bool)
     slot = cache.lengths[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1  # [B, C]: each token's slot
-    positions = jnp.maximum(slot, 0)
-    write_slots = jnp.where(valid, slot, cache.capacity)  # padding goes past the end: dropped
-    slots = jnp.arange(cache.capacity, dtype=jnp.int32)
-    mask = slots[None, None, :] <= slot[:, :, None]  # own earlier slots and itself (padding queries: ignored)
-    x, keys, values = self._run_layers(self.embed_tokens(tokens), positions, mask, cache, write_slots)
+    new_lengths = cache.lengths + jnp.sum(valid, axis=1, dtype=jnp.int32)
+    access = CacheAccess(write_slots=jnp.where(valid, slot, cache.capacity),  # padding goes past the end: dropped
+                         query_slots=slot, num_slots=jnp.max(new_lengths), block=min(block, cache.capacity))
+    x, keys, values = self._run_layers(self.embed_tokens(tokens), jnp.maximum(slot, 0), None, cache, access)
     if last_only:
       x = x[:, -1:]
     logits = self.logits(x)
     if last_only:
       logits = logits[:, 0]
-    new_cache = KVCache(keys=tuple(keys), values=tuple(values),
-                        lengths=cache.lengths + jnp.sum(valid, axis=1, dtype=jnp.int32))
-    return logits, new_cache
+    return logits, KVCache(keys=tuple(keys), values=tuple(values), lengths=new_lengths)
 
 
 def check_token_ids(input_ids, vocab_size: int) -> None:

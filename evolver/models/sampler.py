@@ -4,9 +4,11 @@ Design, for speed on every backend:
 - Each row's tokens sit in its own slots 0..length-1 (a scatter writes each new token at its row's length):
   chunks are left-padded to one width, but padding is never stored, so rows of different lengths leave no
   holes and a token's slot is its RoPE position.
-- The cache grows by a geometric ladder of `cache_bucket`-slot buckets: a decode step attends over the current
-  capacity (the longest row, rounded up), not the maximum length, and only a handful of programs compile (one per
-  batch bucket x capacity). Dropping rows (`select`) shrinks it again when the longest rows leave.
+- A session's cache holds `max_length` slots per row from the start; attention reads it in blocks of
+  `attention_block` slots, only as far as the longest row reaches (`evolver.models.decoder.cached_attention`), so
+  a step costs what the rows hold, not the capacity, and the cache never grows or shrinks. The compiled programs
+  therefore depend on the batch bucket (and a prefill's chunk width) only, never on the length of the
+  conversations: once a run has met its batch sizes, nothing compiles again.
 - A `Session` keeps the cache between calls. Every row's last sampled token is *pending* (sampled, not yet in
   the cache); the next call prepends it to that row's new tokens, so a second turn costs only its new tokens.
 - Log-probabilities are those of the sampled token under the model's raw distribution (temperature 1, no
@@ -30,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from evolver import runtime
-from evolver.models.decoder import Decoder, KVCache, check_token_ids, init_cache, resize_cache
+from evolver.models.decoder import Decoder, KVCache, check_token_ids, init_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +95,44 @@ class Generation:
   session: Session
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _SlotState:
+  """Rows decoding independently of each other (continuous batching): each row is at its own position of its own
+  turn. Scalars count the decode loop's work."""
+
+  cache: KVCache
+  last_token: jax.Array       # [B] int32: each row's pending token (sampled, not yet in the cache)
+  active: jax.Array           # [B] bool: the row is sampling (its turn has not finished)
+  tokens: jax.Array           # [B, N] int32: the current turn's sampled tokens, -1 past `pos`
+  logprobs: jax.Array         # [B, N] float32, 0 past `pos`
+  pos: jax.Array              # [B] int32: tokens sampled in the current turn
+  row_keys: jax.Array         # [B, K] uint32: the current turn's key of each row
+  steps: jax.Array            # [] int32: decode steps run
+  live_row_steps: jax.Array   # [] int32: row-steps that sampled a token
+
+
+@dataclasses.dataclass
+class Slots:
+  """A batch of rows for continuous batching (`Sampler.open_slots`): a row starts a turn (`begin_turns`), decodes
+  it while other rows are at other points of theirs (`decode_slots`), and is collected when its turn finishes.
+  `open` (host side) marks the rows whose turn was begun and not yet collected."""
+
+  state: _SlotState
+  sampling: SamplingParams
+  open: np.ndarray            # [B] bool
+
+
+@dataclasses.dataclass
+class FinishedTurn:
+  """One row's finished turn (`Sampler.decode_slots`)."""
+
+  row: int
+  tokens: list[int]           # sampled ids, the stop token included
+  logprobs: np.ndarray        # float32, one per sampled token
+  stopped: bool               # ended on a stop id (else max_new_tokens, or the row's context is full)
+
+
 MAX_STOP_IDS = 8
 
 
@@ -102,8 +142,8 @@ class SamplerStats:
 
   Compilation is counted apart (`compile_s`, from `evolver.runtime.CompileLog`): the other times are running
   compiled programs and the host work around them. prefill: the new tokens of every call (all pieces of a long
-  chunk, and sampling each row's first token); decode: the single-token steps; grow: cache resizes; select:
-  dropping rows, and moving rows between decode batches (`compact_decode`). `decode_row_steps` counts every
+  chunk, and sampling each row's first token); decode: the single-token steps; select: dropping rows, and
+  moving rows between decode batches (`compact_decode`). `decode_row_steps` counts every
   row of the padded batch at every decode step, `decode_live_row_steps` those that sampled a token: the rest is
   idle rows, waiting for the longest row of their call (or batch padding)."""
 
@@ -113,11 +153,10 @@ class SamplerStats:
   prefill_s: float = 0.0
   prefill_slots: int = 0           # rows x padded chunk width, summed over prefill pieces
   decode_s: float = 0.0
-  decode_calls: int = 0            # while-loop launches (a call grows its cache between launches)
+  decode_calls: int = 0            # while-loop launches (a call compacting its batch launches again)
   decode_steps: int = 0
   decode_row_steps: int = 0
   decode_live_row_steps: int = 0
-  grow_s: float = 0.0
   select_s: float = 0.0
 
   def add_time(self, piece: str, started: float, mark: int) -> None:
@@ -199,7 +238,8 @@ def sample_tokens(logits: jax.Array, row_keys: jax.Array, position: jax.Array, s
   Args:
     logits: [B, V] the next-token logits of each row.
     row_keys: [B, K] uint32 raw PRNG keys, one per row (unused when greedy).
-    position: [] int32, the output column being sampled: row b draws with `fold_in(row_keys[b], position)`.
+    position: [] or [B] int32, the output column being sampled (one for all rows, or each row's own): row b
+      draws with `fold_in(row_keys[b], position[b])`.
 
   Returns:
     (tokens [B] int32, logprobs [B] float32 under the raw distribution).
@@ -213,7 +253,7 @@ def sample_tokens(logits: jax.Array, row_keys: jax.Array, position: jax.Array, s
     tokens = jnp.min(jnp.where(logits == top, iota, logits.shape[-1]), axis=-1)
   else:
     filtered = filter_logits(logits, knobs.temperature, static.top_k, knobs.top_p if static.nucleus else None)
-    keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, position)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(0, 0 if jnp.ndim(position) else None))(row_keys, position)
     tokens = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
   log_normalizer = top[:, 0] + jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1))
   logprobs = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - log_normalizer
@@ -296,24 +336,20 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def _batch_bucket(n: int) -> int:
-  """The padded batch for n rows: the next power of two. Every distinct batch is a new program for each cache
-  capacity and chunk width, and a real RL step meets most of them: with 1.5x sizes as well (1, 2, 3, 4, 6, 8, 12,
+  """The padded batch for n rows: the next power of two. Every distinct batch is a new program (for each chunk
+  width), and a real RL step meets most of them: with 1.5x sizes as well (1, 2, 3, 4, 6, 8, 12,
   ...) and capacities in steps of 64, the second GRPO step of the CPU recipe (maze) compiled 97 programs, most of
   them the sampler's (`launch.benchmark --suite rl_step`); powers of two halve the set for at most half the rows
   as padding."""
   return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
-def _geometric_bucket(n: int) -> int:
-  """The smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and 1.5 x powers of two) that holds n."""
-  n = max(n, 1)
-  power = 1 << max(0, math.ceil(math.log2(n)))
-  three_halves = 3 * power // 4
-  return three_halves if power >= 4 and three_halves >= n else power
-
+# A session's cache holds this many slots per row unless the Sampler is given `max_length` (or the model has fewer
+# positions): e.g. Qwen2.5-0.5B's 32,768 positions would be ~0.4 GB of bfloat16 cache per row.
+DEFAULT_MAX_LENGTH = 4096
 
 # Decode batches are not compacted below this many rows: a smaller batch saves little per step, and every batch
-# size is programs to compile (decode, and the gather and scatter from and to each larger batch, per capacity).
+# size is programs to compile (decode, and the gather and scatter from and to each larger batch).
 _MIN_COMPACT_ROWS = 8
 
 
@@ -326,11 +362,14 @@ def _gather_rows(state: _LoopState, rows: jax.Array, live: jax.Array) -> _LoopSt
 
 def _scatter_rows(full: _LoopState, sub: _LoopState, rows: jax.Array) -> _LoopState:
   """`full` with its rows `rows` `[R]` int32 replaced by `sub`'s (entries >= full's batch are padding: dropped)
-  and `sub`'s step. `sub`'s cache may have grown: `full`'s grows to its capacity first."""
-  if sub.cache.capacity > full.cache.capacity:
-    full = dataclasses.replace(full, cache=resize_cache(full.cache, sub.cache.capacity))
+  and `sub`'s step."""
   merged = jax.tree.map(lambda f, p: f if f.ndim == 0 else f.at[rows].set(p, mode="drop"), full, sub)
   return dataclasses.replace(merged, step=sub.step)
+
+
+def _reset_rows(cache: KVCache, rows: jax.Array) -> KVCache:
+  """`cache` with rows `rows` `[R]` int32 emptied (length 0; entries >= B are padding)."""
+  return cache._replace(lengths=cache.lengths.at[rows].set(0, mode="drop"))
 
 
 class Sampler:
@@ -341,18 +380,20 @@ class Sampler:
   out2 = sampler.generate([[6, 7], [8]], params, session=out.session)   # next turn, only new tokens prefilled
   """
 
-  def __init__(self, model: Decoder, *, cache_bucket: int = 64, chunk_bucket: int = 16,
+  def __init__(self, model: Decoder, *, attention_block: int = 128, chunk_bucket: int = 16,
                max_length: int | None = None, prefill_piece: int = 64, compact_decode: bool = True):
     """
     Args:
-      cache_bucket: the cache grows by a geometric ladder of this many slots (1, 2, 3, 4, 6, 8, ... of them;
-        attention cost follows the capacity).
+      attention_block: attention reads the cache this many slots at a time, as far as the longest row reaches
+        (a step costs at most a block more than the rows hold). 128 and 256 measured alike, 512 slower (a decode
+        step of 32 rows of 300-700 tokens, 4 layers, CPU).
       chunk_bucket: new-token chunks are padded to a multiple of this (few prefill programs).
-      max_length: the most slots a row's cache may use (default: the model's max positions).
+      max_length: the most tokens a row may hold (default: the model's max positions, at most
+        DEFAULT_MAX_LENGTH). Every session's cache has this many slots (rounded up to a whole block) per row
+        from its first call: memory, not time (attention skips the unused blocks).
       prefill_piece: chunks longer than this are prefilled this many tokens at a time, each piece for the rows
         that have tokens in it (left padding: short rows skip the leading pieces), so rows of very different
-        lengths waste little compute on padding and a long history never materialises
-        `[B, heads, chunk, capacity]` attention scores at once. 64 measured fastest of 256/128/64 on the
+        lengths waste little compute on padding. 64 measured fastest of 256/128/64 on the
         rollout benchmark (prefill 2.5 s -> 1.8 s for 48 episodes on CPU); smaller pieces compile more programs.
       compact_decode: within a call, once half the rows have stopped, decode the live ones in a smaller batch (a
         power of two, at least 8 rows; rows gathered, and scattered back when the call ends): decode steps cost
@@ -364,18 +405,28 @@ class Sampler:
     self.prefill_piece = prefill_piece
     self.graphdef, self.params = nnx.split(model)
     self.config = model.config
-    self.cache_bucket = cache_bucket
+    if attention_block < 1:
+      raise ValueError(f"attention_block must be >= 1, got {attention_block}")
+    self.attention_block = attention_block
     self.chunk_bucket = chunk_bucket
-    self.max_length = max_length or model.config.max_position_embeddings
+    self.max_length = max_length or min(model.config.max_position_embeddings, DEFAULT_MAX_LENGTH)
+    if self.max_length > model.config.max_position_embeddings:
+      raise ValueError(f"max_length {self.max_length} exceeds the model's {model.config.max_position_embeddings} "
+                       "positions")
+    # Every session's cache: max_length slots, rounded up to whole attention blocks.
+    self.capacity = _round_up(self.max_length, min(attention_block, self.max_length))
+    self._block = min(attention_block, self.capacity)
     self._key_shape = raw_key_shape()
     self._prefill = jax.jit(self._prefill_impl, static_argnames=("static",), donate_argnums=(1,))
     self._decode = jax.jit(self._decode_impl, static_argnames=("static",), donate_argnums=(1,))
     self._extend = jax.jit(self._extend_impl, donate_argnums=(1,))
     self._extend_rows = jax.jit(self._extend_rows_impl, donate_argnums=(1,))
-    self._resize = jax.jit(resize_cache, static_argnums=(1,))
     self._select = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x if x.ndim == 0 else x[idx], tree))
     self._gather_rows = jax.jit(_gather_rows)
-    self._scatter_rows = jax.jit(_scatter_rows)
+    self._begin = jax.jit(self._begin_impl, static_argnames=("static",), donate_argnums=(1,))
+    self._decode_slots = jax.jit(self._decode_slots_impl, static_argnames=("static",), donate_argnums=(1,))
+    self._reset_rows = jax.jit(_reset_rows, donate_argnums=(0,))
+    self._scatter_rows = jax.jit(_scatter_rows, donate_argnums=(0,))
     self.stats = SamplerStats()  # cumulative; `stats.minus(copy)` gives one stretch of work
     self._compiles = runtime.compile_log()
 
@@ -389,7 +440,7 @@ class Sampler:
                     static: _Static):
     """Feeds the chunk and samples each live row's first token; rows not live keep their `pending` token."""
     model = nnx.merge(self.graphdef, params)
-    logits, cache = model.forward_chunk(chunk, chunk_valid, cache)
+    logits, cache = model.forward_chunk(chunk, chunk_valid, cache, block=self._block)
     token, logprob = sample_tokens(logits, row_keys, jnp.zeros((), jnp.int32), static, knobs)
     b = chunk.shape[0]
     done = ~row_live
@@ -402,7 +453,7 @@ class Sampler:
 
   def _extend_impl(self, params, cache, chunk, chunk_valid):
     """Appends a chunk to the cache without sampling (the leading pieces of a long prefill)."""
-    _, cache = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, cache)
+    _, cache = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, cache, block=self._block)
     return cache
 
   def _extend_rows_impl(self, params, cache, rows, chunk, chunk_valid):
@@ -410,24 +461,24 @@ class Sampler:
     chunk_valid `[R, C]`. The rows' cache is gathered, extended and scattered back."""
     b = cache.batch_size
     sub = jax.tree.map(lambda x: x[jnp.minimum(rows, b - 1)], cache)
-    _, sub = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, sub)
+    _, sub = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, sub, block=self._block)
     return jax.tree.map(lambda full, part: full.at[rows].set(part, mode="drop"), cache, sub)
 
   def _decode_impl(self, params, state: _LoopState, knobs: _Knobs, min_live: jax.Array, static: _Static):
-    """Decode steps until every row is done, `max_new` columns are filled, a live row has no free slot, or no more
-    than `min_live` rows are live (`[]` int32; 0: never), whichever comes first."""
+    """Decode steps until every row is done, `max_new` columns are filled, a live row has no free slot (the context
+    is full), or no more than `min_live` rows are live (`[]` int32; 0: never), whichever comes first."""
     model = nnx.merge(self.graphdef, params)
-    capacity = state.cache.capacity
+    max_length = self.max_length
 
     def cond(s: _LoopState):
-      # Every live row needs a free slot for its pending token (a write past the capacity would be dropped).
+      # Every live row needs a free slot for its pending token: a row holds at most max_length tokens.
       longest_live = jnp.max(jnp.where(s.done, 0, s.cache.lengths))
       live_rows = jnp.sum(~s.done)
-      return (s.step < knobs.max_new) & (live_rows > jnp.maximum(min_live, 0)) & (longest_live < capacity)
+      return (s.step < knobs.max_new) & (live_rows > jnp.maximum(min_live, 0)) & (longest_live < max_length)
 
     def body(s: _LoopState):
       live = ~s.done
-      logits, cache = model.forward_chunk(s.last_token[:, None], live[:, None], s.cache)
+      logits, cache = model.forward_chunk(s.last_token[:, None], live[:, None], s.cache, block=self._block)
       token, logprob = sample_tokens(logits, s.row_keys, s.step, static, knobs)
       tokens = jax.lax.dynamic_update_slice(s.tokens, jnp.where(live, token, -1)[:, None], (0, s.step))
       logprobs = jax.lax.dynamic_update_slice(s.logprobs, jnp.where(live, logprob, 0.0)[:, None], (0, s.step))
@@ -437,13 +488,53 @@ class Sampler:
 
     return jax.lax.while_loop(cond, body, state)
 
-  # -- host side -----------------------------------------------------------------------------------------
+  def _begin_impl(self, params, state: _SlotState, rows, chunk, chunk_valid, row_keys, knobs: _Knobs,
+                  static: _Static):
+    """Feeds `chunk` `[R, C]` to rows `rows` `[R]` int32 (entries >= B are padding: nothing written) and samples
+    each one's first token of a new turn with its key `row_keys` `[R, K]` (position 0)."""
+    b = state.cache.batch_size
+    take = jnp.minimum(rows, b - 1)
+    sub = jax.tree.map(lambda x: x[take], state.cache)
+    logits, sub = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, sub, block=self._block)
+    token, logprob = sample_tokens(logits, row_keys, jnp.zeros((), jnp.int32), static, knobs)
+    cache = jax.tree.map(lambda full, part: full.at[rows].set(part, mode="drop"), state.cache, sub)
+    active = ~jnp.isin(token, knobs.stop_ids) & (knobs.max_new > 1) & (sub.lengths < self.max_length)
+    put = lambda full, part: full.at[rows].set(part, mode="drop")
+    width = state.tokens.shape[1]
+    return dataclasses.replace(
+        state, cache=cache, last_token=put(state.last_token, token), active=put(state.active, active),
+        tokens=put(state.tokens, jnp.full((rows.shape[0], width), -1, jnp.int32).at[:, 0].set(token)),
+        logprobs=put(state.logprobs, jnp.zeros((rows.shape[0], width), jnp.float32).at[:, 0].set(logprob)),
+        pos=put(state.pos, jnp.ones_like(rows)), row_keys=put(state.row_keys, row_keys))
 
-  def _capacity_for(self, length: int) -> int:
-    """Cache slots for rows of up to `length` tokens: `cache_bucket` x (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, ...), at
-    most `max_length`. A geometric ladder keeps the programs few (10 capacities up to 2,048 slots at 64, where
-    multiples of 64 gave 32) for at most a third of the slots unused."""
-    return min(self.cache_bucket * _geometric_bucket(-(-length // self.cache_bucket)), self.max_length)
+  def _decode_slots_impl(self, params, state: _SlotState, open_rows, until, knobs: _Knobs, static: _Static):
+    """Decode steps of the active rows, each at its own position, until at least `until` `[]` int32 of the open
+    rows `open_rows` `[B]` bool have finished their turn or no row is active. A row finishes on a stop id, at
+    `max_new` tokens, or when it holds `max_length` tokens (no slot left for its pending token)."""
+    model = nnx.merge(self.graphdef, params)
+    b, width = state.tokens.shape
+    max_length = self.max_length
+
+    def cond(s: _SlotState):
+      return jnp.any(s.active) & (jnp.sum(open_rows & ~s.active) < until)
+
+    def body(s: _SlotState):
+      live = s.active
+      logits, cache = model.forward_chunk(s.last_token[:, None], live[:, None], s.cache, block=self._block)
+      token, logprob = sample_tokens(logits, s.row_keys, s.pos, static, knobs)
+      column = jnp.where(live, s.pos, width)  # rows that are not live write nothing (dropped)
+      rows = jnp.arange(b)
+      pos = s.pos + live
+      active = live & ~jnp.isin(token, knobs.stop_ids) & (pos < knobs.max_new) & (cache.lengths < max_length)
+      return dataclasses.replace(
+          s, cache=cache, last_token=jnp.where(live, token, s.last_token), active=active,
+          tokens=s.tokens.at[rows, column].set(token, mode="drop"),
+          logprobs=s.logprobs.at[rows, column].set(logprob, mode="drop"), pos=pos, steps=s.steps + 1,
+          live_row_steps=s.live_row_steps + jnp.sum(live, dtype=jnp.int32))
+
+    return jax.lax.while_loop(cond, body, state)
+
+  # -- host side -----------------------------------------------------------------------------------------
 
   def generate(self, new_tokens: Sequence[Sequence[int]], sampling: SamplingParams, *,
                seed: int | jax.Array | np.ndarray = 0, session: Session | None = None,
@@ -505,14 +596,7 @@ class Sampler:
     if needed > self.max_length:
       raise ValueError(f"prompt does not fit the cache: a row would hold {needed - 1} tokens and sample one more, "
                        f"> max_length {self.max_length}; shorten the conversation or raise max_length")
-    if session is None:
-      cache = init_cache(self.config, batch, self._capacity_for(needed))
-    else:
-      cache = session.cache
-      if needed > cache.capacity:
-        started, mark = time.perf_counter(), self._compiles.mark()
-        cache = jax.block_until_ready(self._resize(cache, self._capacity_for(needed)))
-        self.stats.add_time("grow", started, mark)
+    cache = init_cache(self.config, batch, self.capacity) if session is None else session.cache
 
     num_new = sampling.max_new_tokens
     static, knobs = _split_params(sampling)
@@ -581,12 +665,7 @@ class Sampler:
         jax.block_until_ready(state.done)
         stats.add_time("select", started, mark)
         continue
-      capacity = self._capacity_for(state.cache.capacity + 1)
-      if capacity == state.cache.capacity:
-        break  # The context is full: rows end without a stop token.
-      started, mark = time.perf_counter(), self._compiles.mark()
-      state.cache = jax.block_until_ready(self._resize(state.cache, capacity))
-      stats.add_time("grow", started, mark)
+      break  # The context is full: live rows end without a stop token.
     if full is not None:
       started, mark = time.perf_counter(), self._compiles.mark()
       state = jax.block_until_ready(self._scatter_rows(full, state, jnp.asarray(rows_of_full)))
@@ -618,7 +697,7 @@ class Sampler:
     return dataclasses.replace(session, pending=pending)
 
   def select(self, session: Session, rows: Sequence[int]) -> Session:
-    """Keeps only `rows` of a session (e.g. drop finished episodes), re-bucketing the batch."""
+    """Keeps only `rows` of a session (e.g. drop finished episodes), re-bucketing the batch (the capacity stays)."""
     rows = list(rows)
     if not rows:
       raise ValueError("select needs at least one row")
@@ -628,11 +707,157 @@ class Sampler:
     batch = _batch_bucket(len(rows))
     # Pad with a copy of the first kept row; padding rows are never live.
     index = jnp.asarray(rows + [rows[0]] * (batch - len(rows)), jnp.int32)
-    cache, pending = self._select((session.cache, session.pending), index)
-    # Shrink to the longest kept row (plus its pending token): later steps attend over less.
-    capacity = self._capacity_for(int(np.max(session.lengths[rows])) + 1)
-    if capacity < cache.capacity:
-      cache = self._resize(cache, capacity)
-    cache = jax.block_until_ready(cache)
+    cache, pending = jax.block_until_ready(self._select((session.cache, session.pending), index))
     self.stats.add_time("select", started, mark)
     return Session(cache=cache, pending=pending, num_rows=len(rows))
+
+  # -- continuous batching --------------------------------------------------------------------------------
+
+  def open_slots(self, rows: int, sampling: SamplingParams) -> Slots:
+    """`rows` empty rows (padded to a power of two) for continuous batching, all sampling with `sampling`.
+
+      slots = sampler.open_slots(3, params)
+      slots = sampler.begin_turns(slots, [0, 1, 2], prompts, keys, new_rows=[0, 1, 2])
+      while slots.open.any():
+        slots, finished = sampler.decode_slots(slots, until=1)
+        ...  # each FinishedTurn's row: begin its next turn (its pending token first), or leave it empty
+    """
+    if rows < 1:
+      raise ValueError(f"open_slots needs at least one row, got {rows}")
+    if len(sampling.stop_ids) > MAX_STOP_IDS:
+      raise ValueError(f"at most {MAX_STOP_IDS} stop ids, got {len(sampling.stop_ids)}")
+    batch = _batch_bucket(rows)
+    width = _round_up(sampling.max_new_tokens, 32)
+    state = _SlotState(cache=init_cache(self.config, batch, self.capacity), last_token=jnp.zeros(batch, jnp.int32),
+                       active=jnp.zeros(batch, bool), tokens=jnp.full((batch, width), -1, jnp.int32),
+                       logprobs=jnp.zeros((batch, width), jnp.float32), pos=jnp.zeros(batch, jnp.int32),
+                       row_keys=jnp.zeros((batch, *self._key_shape), jnp.uint32), steps=jnp.zeros((), jnp.int32),
+                       live_row_steps=jnp.zeros((), jnp.int32))
+    return Slots(state=state, sampling=sampling, open=np.zeros(batch, bool))
+
+  def begin_turns(self, slots: Slots, rows: Sequence[int], new_tokens: Sequence[Sequence[int]],
+                  row_keys: np.ndarray | None = None, *, new_rows: Sequence[int] = ()) -> Slots:
+    """Starts a turn on each of `rows`: feeds `new_tokens[i]` to row `rows[i]` and samples its first token.
+
+    Args:
+      rows: rows that have no open turn.
+      new_tokens: what each row reads before sampling. A continuing row has no pending token in the cache: its
+        tokens start with the token it last sampled (or whatever stands in its place).
+      row_keys: `[len(rows), K]` uint32, each row's key for this turn (position t of the turn draws with
+        `fold_in(key, t)`); None when greedy.
+      new_rows: those of `rows` that start a new conversation (their cache is emptied first).
+    """
+    rows = [int(r) for r in rows]
+    batch = slots.open.shape[0]
+    if not rows or len(rows) != len(new_tokens):
+      raise ValueError(f"begin_turns needs one list of new tokens per row, got {len(rows)} rows and "
+                       f"{len(new_tokens)} lists")
+    if any(not 0 <= r < batch for r in rows) or len(set(rows)) != len(rows) or slots.open[rows].any():
+      raise ValueError(f"rows {rows} must be distinct rows of the {batch} slots without an open turn")
+    for i, seq in enumerate(new_tokens):
+      if not len(seq):
+        raise ValueError(f"row {rows[i]} has no new tokens")
+      check_token_ids(np.asarray(seq, np.int64).reshape(-1), self.config.vocab_size)
+    static, knobs = _split_params(slots.sampling)
+    state = slots.state
+    started, mark = time.perf_counter(), self._compiles.mark()
+    sub = _batch_bucket(len(rows))
+    row_ids = np.full(sub, batch, np.int32)  # padding entries (>= batch) write nothing
+    row_ids[:len(rows)] = rows
+    if new_rows:
+      reset = np.full(_batch_bucket(len(new_rows)), batch, np.int32)
+      reset[:len(new_rows)] = list(new_rows)
+      state = dataclasses.replace(state, cache=self._reset_rows(state.cache, jnp.asarray(reset)))
+    lengths = np.asarray(state.cache.lengths)[rows] + np.array([len(c) for c in new_tokens])
+    if lengths.max() + 1 > self.max_length:
+      raise ValueError(f"a row would hold {int(lengths.max())} tokens and sample one more, > max_length "
+                       f"{self.max_length}")
+    chunk_len = _round_up(max(len(c) for c in new_tokens), self.chunk_bucket)
+    if chunk_len > self.prefill_piece:
+      chunk_len = _round_up(chunk_len, self.prefill_piece)
+    chunk = np.zeros((sub, chunk_len), np.int32)
+    valid = np.zeros((sub, chunk_len), bool)
+    for i, c in enumerate(new_tokens):
+      chunk[i, chunk_len - len(c):] = c
+      valid[i, chunk_len - len(c):] = True
+    cache = state.cache
+    last = max(0, chunk_len - self.prefill_piece)
+    for begin in range(0, last, self.prefill_piece):  # leading pieces fill the cache only (as in `generate`)
+      piece = slice(begin, begin + self.prefill_piece)
+      has = np.flatnonzero(valid[:, piece].any(axis=1))
+      if not len(has):
+        continue
+      ids = np.full(_batch_bucket(len(has)), batch, np.int32)
+      ids[:len(has)] = row_ids[has]
+      take = np.zeros(len(ids), np.int64)
+      take[:len(has)] = has
+      piece_valid = valid[take, piece] & (ids < batch)[:, None]
+      cache = self._extend_rows(self.params, cache, jnp.asarray(ids), jnp.asarray(chunk[take, piece]),
+                                jnp.asarray(piece_valid))
+      self.stats.prefill_slots += len(ids) * self.prefill_piece
+    keys = np.zeros((sub, *self._key_shape), np.uint32)
+    if row_keys is not None and not static.greedy:
+      keys[:len(rows)] = np.asarray(row_keys, np.uint32)
+    state = self._begin(self.params, dataclasses.replace(state, cache=cache), jnp.asarray(row_ids),
+                        jnp.asarray(chunk[:, last:]), jnp.asarray(valid[:, last:]), jnp.asarray(keys), knobs,
+                        static=static)
+    self.stats.prefill_slots += sub * (chunk_len - last)
+    jax.block_until_ready(state.active)
+    self.stats.add_time("prefill", started, mark)
+    self.stats.generate_calls += 1
+    opened = slots.open.copy()
+    opened[rows] = True
+    return Slots(state=state, sampling=slots.sampling, open=opened)
+
+  def decode_slots(self, slots: Slots, *, until: int = 1) -> tuple[Slots, list[FinishedTurn]]:
+    """Decodes the active rows until at least `until` open turns have finished (or none is left running), and
+    collects every finished turn (its row's turn is then closed; the row keeps its cache for its next turn)."""
+    static, knobs = _split_params(slots.sampling)
+    state = slots.state
+    batch = slots.open.shape[0]
+    started, mark = time.perf_counter(), self._compiles.mark()
+    steps_before, live_before = int(state.steps), int(state.live_row_steps)
+    if bool(np.asarray(state.active).any()):
+      state = self._decode_slots(self.params, state, jnp.asarray(slots.open), jnp.int32(max(until, 1)), knobs,
+                                 static=static)
+    active = np.asarray(state.active)
+    steps = int(state.steps) - steps_before
+    self.stats.add_time("decode", started, mark)
+    self.stats.decode_calls += 1
+    self.stats.decode_steps += steps
+    self.stats.decode_row_steps += steps * batch
+    self.stats.decode_live_row_steps += int(state.live_row_steps) - live_before
+    done = np.flatnonzero(slots.open & ~active)
+    finished = []
+    if len(done):
+      pos = np.asarray(state.pos)
+      tokens, logprobs = np.asarray(state.tokens), np.asarray(state.logprobs)
+      stops = np.asarray(slots.sampling.stop_ids, np.int64)
+      for r in done:
+        turn = tokens[r, :pos[r]]
+        finished.append(FinishedTurn(row=int(r), tokens=turn.tolist(), logprobs=logprobs[r, :pos[r]].copy(),
+                                     stopped=bool(len(turn) and np.isin(turn[-1], stops))))
+    opened = slots.open.copy()
+    opened[done] = False
+    return Slots(state=state, sampling=slots.sampling, open=opened), finished
+
+  def repack_slots(self, slots: Slots, rows: Sequence[int]) -> Slots:
+    """Keeps only `rows` (in this order; row i of the result is `rows[i]`), in a batch of the next power of two:
+    decode steps then cost what the rows left need. Rows past them are empty padding."""
+    rows = [int(r) for r in rows]
+    if not rows:
+      raise ValueError("repack_slots needs at least one row")
+    batch = slots.open.shape[0]
+    if any(not 0 <= r < batch for r in rows):
+      raise IndexError(f"rows {rows} out of range for {batch} slots")
+    started, mark = time.perf_counter(), self._compiles.mark()
+    size = _batch_bucket(len(rows))
+    index = np.asarray(rows + [rows[0]] * (size - len(rows)), np.int32)
+    state = self._select(slots.state, jnp.asarray(index))
+    live = np.arange(size) < len(rows)
+    state = dataclasses.replace(state, active=state.active & jnp.asarray(live))  # padding copies never run
+    jax.block_until_ready(state.active)
+    self.stats.add_time("select", started, mark)
+    opened = np.zeros(size, bool)
+    opened[:len(rows)] = slots.open[rows]
+    return Slots(state=state, sampling=slots.sampling, open=opened)

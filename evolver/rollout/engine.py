@@ -18,12 +18,18 @@ An episode follows AgentGym: [user: env.instruction(), assistant: "Ok." (given, 
 env.reset(index, split)], then sample an assistant turn (stopping on the end-of-turn ids), `env.step(text)`,
 append the observation as the next user turn, until the env says done, `max_rounds`, or the context limit.
 
-Per turn, every live episode is one row of one `Sampler.generate` call. The first call prefills the rendered
-prompt; later calls feed only what the chat template adds after the sampled end-of-turn token (the observation
-turn and the next generation prompt, `evolver.rollout.turns`). Finished episodes leave the batch
-(`Sampler.select`), so decode work follows the live episodes. The env calls of a turn run on a thread pool
-(they overlap for `RemoteEnv`s); an env that raises (or a `RemoteEnv` that reports an unrecoverable server
-error) fails its own trajectory and the batch goes on.
+Every episode in flight is one row of the sampler's batch, its KV cache kept across turns: the first turn
+prefills the rendered prompt, later turns feed only what the chat template adds after the sampled end-of-turn
+token (the observation turn and the next generation prompt, `evolver.rollout.turns`). Two schedules
+(`RolloutConfig.schedule`), the same episodes either way:
+- "continuous" (the default): rows decode independently (`Sampler.open_slots`). Whenever a quarter of the rows
+  in play have finished their turn, those turns are collected, their envs stepped and their next turns begun at
+  once, while the other rows are anywhere in theirs: no row waits for the longest turn of the batch. When the
+  rows in play fall to a quarter of the batch, they move to a smaller one (`Sampler.repack_slots`).
+- "turns": every live episode samples its turn in one `Sampler.generate` call, and the next turn starts when the
+  longest one has finished; finished episodes leave the batch (`Sampler.select`).
+The env calls run on a thread pool (they overlap for `RemoteEnv`s); an env that raises (or a `RemoteEnv` that
+reports an unrecoverable server error) fails its own trajectory and the batch goes on.
 
 Decisions worth knowing:
 - `token_ids` are the conversation *as the policy saw it*: the prompt, the sampled tokens (not a
@@ -89,6 +95,10 @@ from evolver.models.sampler import Sampler, SamplerStats, SamplingParams, fold_i
 from evolver.rollout import turns as turns_lib
 
 FINISH_REASONS = ("done", "max_rounds", "context", "cut_turn", "error")
+SCHEDULES = ("continuous", "turns")
+# The continuous schedule collects finished turns once this share of the rows in play has finished (at least
+# one): more often means more, smaller prefills and env batches; less often, finished rows idling longer.
+_COLLECT_SHARE = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,9 +175,11 @@ class RolloutConfig:
   record_expert_actions: also record `env.expert_action()` at every sampled turn's state (`Rollout.expert_actions`).
   record_measures: also record `env.measures()` before and after every sampled turn's step
   (`Rollout.step_measures`; envs without `measures()` record None for both).
-  compact_rows: True drops the rows of ended episodes from the batch (`Sampler.select`: later turns decode fewer
-  rows, at the price of a program per batch size); False keeps the batch's shape, the ended episodes' rows taking
-  no part (fewer programs to compile, more rows per decode step). Episodes are the same either way.
+  compact_rows: True drops the rows of ended episodes from the batch (`Sampler.select`, `Sampler.repack_slots`:
+  later turns decode fewer rows, at the price of a program per batch size); False keeps the batch's shape, the
+  ended episodes' rows taking no part (fewer programs to compile, more rows per decode step).
+  schedule: "continuous" | "turns" (module docstring); reuse_cache=False always runs "turns".
+  Episodes are the same whatever the schedule, the batch and its compaction.
   """
 
   max_new_tokens: int = 128
@@ -184,6 +196,7 @@ class RolloutConfig:
   record_expert_actions: bool = False
   record_measures: bool = False
   compact_rows: bool = True
+  schedule: str = "continuous"
 
   def __post_init__(self):
     if self.num_samples < 1:
@@ -194,6 +207,8 @@ class RolloutConfig:
       raise ValueError(f"max_rounds must be >= 1 or None, got {self.max_rounds}")
     if self.cut_turn not in ("continue", "end"):
       raise ValueError(f"cut_turn must be 'continue' or 'end', got {self.cut_turn!r}")
+    if self.schedule not in SCHEDULES:
+      raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
     SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
                    top_p=self.top_p)  # validates the sampling knobs
 
@@ -249,12 +264,12 @@ class RolloutStats:
   env_s: float = 0.0
   template_s: float = 0.0    # rendering and tokenizing
   total_s: float = 0.0
-  # Inside generate (the sampler's `SamplerStats` over this run): prefill, decode steps, cache growth and row
+  # Inside generate (the sampler's `SamplerStats` over this run): prefill, decode steps and row
   # selection, each without the compilation that happened inside it; decode row-steps of the padded batch and
   # those whose row sampled a token.
   prefill_s: float = 0.0
   decode_s: float = 0.0
-  grow_select_s: float = 0.0
+  select_s: float = 0.0
   compile_s: float = 0.0     # the sampler's tracing and compiling (not in the three above)
   compiles: int = 0
   decode_steps: int = 0
@@ -274,7 +289,7 @@ class RolloutStats:
     """Adds the sampler's work (`SamplerStats.minus` over this run)."""
     self.prefill_s += work.prefill_s
     self.decode_s += work.decode_s
-    self.grow_select_s += work.grow_s + work.select_s
+    self.select_s += work.select_s
     self.compile_s += work.compile_s
     self.compiles += work.compiles
     self.decode_steps += work.decode_steps
@@ -379,6 +394,18 @@ class _Episode:
     self.tokens.extend(tokens)
     self.mask.extend([0.0] * len(tokens))
     self.logprobs.extend([0.0] * len(tokens))
+
+
+class _Turns(NamedTuple):
+  """Sampled turns of some episodes, in their order (what `_record_turns` reads of a `Generation`)."""
+
+  tokens: list[list[int]]
+  logprobs: list[np.ndarray]
+  stopped: np.ndarray
+
+
+# The continuous schedule does not repack below this many rows (each batch size is programs to compile).
+_MIN_SLOT_ROWS = 8
 
 
 def _describe(error: BaseException) -> str:
@@ -501,7 +528,10 @@ class RolloutEngine:
     out: list[Rollout] = []
     for first in range(0, len(episodes), config.batch_size):
       chunk = episodes[first:first + config.batch_size]
-      self._run_chunk(chunk, config, limit, transform_openings, stats)
+      if config.schedule == "continuous" and config.reuse_cache:
+        self._run_chunk_continuous(chunk, config, limit, transform_openings, stats)
+      else:
+        self._run_chunk(chunk, config, limit, transform_openings, stats)
       out.extend(_to_rollout(ep, config) for ep in chunk)
     stats.episodes = len(out)
     stats.failed = sum(t.failed for t in out)
@@ -562,6 +592,66 @@ class RolloutEngine:
         self._prepare_next_turns([ep for ep in live if not ep.ended], config, limit, stats)
     finally:
       self._release(episodes)  # also when something raises: failed envs are closed, the others pooled
+
+  def _run_chunk_continuous(self, episodes: list[_Episode], config: RolloutConfig, limit: int,
+                            transform_openings: OpeningTransform | None, stats: RolloutStats) -> None:
+    """The chunk's episodes as rows of `Sampler.open_slots`, each row's turns begun as soon as its previous turn
+    has been collected and its env stepped (module docstring)."""
+    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                            top_k=config.top_k, top_p=config.top_p, stop_ids=self.stop_ids)
+    try:
+      self._start(episodes, config, limit, transform_openings, stats)
+      live = [ep for ep in episodes if not ep.ended]
+      if not live:
+        return
+      slots = self.sampler.open_slots(len(live), params)
+      rows: list[_Episode | None] = live + [None] * (len(slots.open) - len(live))
+      slots = self._begin_turns(slots, rows, list(range(len(live))), config, stats, first=True)
+      while slots.open.any():
+        t0 = time.perf_counter()
+        slots, finished = self.sampler.decode_slots(slots, until=max(1, int(_COLLECT_SHARE * slots.open.sum())))
+        stats.generate_s += time.perf_counter() - t0
+        turned = [rows[turn.row] for turn in finished]
+        self._record_turns(turned, _Turns(tokens=[t.tokens for t in finished],
+                                          logprobs=[t.logprobs for t in finished],
+                                          stopped=np.array([t.stopped for t in finished], bool)), config, stats)
+        self._step_envs(turned, config, stats)
+        self._prepare_next_turns([ep for ep in turned if not ep.ended], config, limit, stats)
+        for turn in finished:
+          if rows[turn.row].ended:
+            rows[turn.row] = None
+        again = [turn.row for turn in finished if rows[turn.row] is not None]
+        if again:
+          slots = self._begin_turns(slots, rows, again, config, stats, first=False)
+        in_play = [r for r, ep in enumerate(rows) if ep is not None]
+        if (config.compact_rows and in_play and len(slots.open) > _MIN_SLOT_ROWS
+            and len(in_play) <= len(slots.open) // 4):
+          slots = self.sampler.repack_slots(slots, in_play)
+          stats.select_calls += 1
+          stats.rows_dropped += len(rows) - len(slots.open)
+          rows = [rows[r] for r in in_play] + [None] * (len(slots.open) - len(in_play))
+    finally:
+      self._release(episodes)  # also when something raises: failed envs are closed, the others pooled
+
+  def _begin_turns(self, slots, rows: list["_Episode | None"], begin: list[int], config: RolloutConfig,
+                   stats: RolloutStats, *, first: bool):
+    """Begins the next turn of the episodes in rows `begin`: a first turn reads the prompt; a later one its
+    pending token (the last in `tokens`: the sampled one, or the end-of-turn token standing in for it) and then
+    what the template adds. Turn k of an episode samples with fold_in(episode key, k)."""
+    eps = [rows[r] for r in begin]
+    chunks = [ep.next_tokens if first else [ep.tokens[-1]] + ep.next_tokens for ep in eps]
+    for ep in eps:
+      ep.pending = None
+    keys = None
+    if config.temperature > 0:
+      keys = fold_in_rows(np.stack([ep.key for ep in eps]), [ep.turns for ep in eps])
+    stats.prefill_tokens += sum(len(c) for c in chunks)
+    stats.generate_calls += 1
+    stats.rows_generated += len(eps)
+    t0 = time.perf_counter()
+    slots = self.sampler.begin_turns(slots, begin, chunks, keys, new_rows=begin if first else ())
+    stats.generate_s += time.perf_counter() - t0
+    return slots
 
   def _start(self, episodes: list[_Episode], config: RolloutConfig, limit: int,
              transform_openings: OpeningTransform | None, stats: RolloutStats) -> None:

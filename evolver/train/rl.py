@@ -124,7 +124,7 @@ def rollout_metrics(rolled: RolloutBatch, kept: Sequence[Rollout], buckets: Sequ
 def rollout_time_metrics(rolled: RolloutBatch) -> dict[str, float]:
   """Where a step's rollout time went, and its floor.
 
-  `time/prefill_s`, `time/decode_s`, `time/grow_select_s` (inside the sampler, waited for, compilation not
+  `time/prefill_s`, `time/decode_s`, `time/select_s` (inside the sampler, waited for, compilation not
   included), `time/rollout_compile_s` (the sampler's tracing and compiling), `time/env_s` (env calls),
   `time/template_s` (rendering and tokenizing); `rollout/idle_row_fraction`: decode row-steps whose row
   sampled nothing (finished or waiting for the turn's longest row); `rollout/floor_s`: the step's decoded tokens
@@ -132,7 +132,7 @@ def rollout_time_metrics(rolled: RolloutBatch) -> dict[str, float]:
   at once), at this step's mean seconds per decode step: what decoding would cost with no row ever idle."""
   s = rolled.stats
   decode_step_s = s.decode_s / s.decode_steps if s.decode_steps else 0.0
-  return {"time/prefill_s": s.prefill_s, "time/decode_s": s.decode_s, "time/grow_select_s": s.grow_select_s,
+  return {"time/prefill_s": s.prefill_s, "time/decode_s": s.decode_s, "time/select_s": s.select_s,
           "time/rollout_compile_s": s.compile_s, "time/env_s": s.env_s, "time/template_s": s.template_s,
           "rollout/decode_steps": s.decode_steps,
           "rollout/idle_row_fraction": s.idle_row_fraction,

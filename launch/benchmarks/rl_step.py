@@ -9,8 +9,8 @@ GRPO steps of the CPU comparison's recipe (gin_configs/experience/no_pool.gin + 
 program compiled: `--compilation_cache fresh` starts from an empty persistent cache, `shared` uses the user's);
 the warm figures are medians over the later steps.
 
-Each step's breakdown comes from the run's own metrics rows (`evolver.train.rl`): prefill, decode, cache growth
-and row selection, env steps, templating, idle decode rows, old and reference log-probabilities, the PPO updates;
+Each step's breakdown comes from the run's own metrics rows (`evolver.train.rl`): prefill, decode, row
+selection, env steps, templating, idle decode rows, old and reference log-probabilities, the PPO updates;
 XLA compilations per jitted function (count and seconds; persistent-cache hits apart) from
 `evolver.runtime.CompileLog`; resident memory. The floor (`rollout_floor_s`) is the step's decoded tokens (each
 turn's first token comes with its prefill), packed perfectly over the 32 episodes in flight, at the mean seconds
@@ -33,7 +33,7 @@ from launch.benchmarks import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = ("gin_configs/experience/no_pool.gin", "gin_configs/compare/cpu/grpo.gin")
-_ROLLOUT_PARTS = ("time/prefill_s", "time/decode_s", "time/grow_select_s", "time/rollout_compile_s", "time/env_s",
+_ROLLOUT_PARTS = ("time/prefill_s", "time/decode_s", "time/select_s", "time/rollout_compile_s", "time/env_s",
                   "time/template_s")
 _UPDATE_PARTS = ("time/credit_s", "time/old_logp_s", "time/ref_logp_s", "time/ppo_s")
 
@@ -107,7 +107,7 @@ def run(argv: list[str]) -> dict:
   cold, warm = rows[0], rows[1:]
   compiles_after_first = sum(r.get("compile/compiles", 0) for r in warm)
 
-  header = ["step", "step_s", "rollout_s", "floor_s", "prefill", "decode", "grow/sel", "r.compile", "env", "template",
+  header = ["step", "step_s", "rollout_s", "floor_s", "prefill", "decode", "select", "r.compile", "env", "template",
             "idle rows", "old_logp", "ref_logp", "ppo", "compiles", "compile_s", "cache hits", "rss GB"]
   table = []
   for r in rows:

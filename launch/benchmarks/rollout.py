@@ -23,7 +23,7 @@ program per batch and cache bucket there), then the median of `--repeats`. Both 
 so episodes/s compare directly; turns and tokens generated per side are printed, and the greedy texts are
 compared turn by turn (float differences and the peer's re-tokenization of decoded text can make them
 diverge, so an agreement rate is reported rather than asserted). An extra run splits our time into prefill,
-decode, cache growth/selection, host work inside `generate`, env steps and templating (the sampler's own
+decode, row selection, host work inside `generate`, env steps and templating (the sampler's own
 accounting, `SamplerStats`).
 """
 
@@ -51,7 +51,7 @@ MODES = ("cached", "reprefill")
 GIVE_UP_FACTOR = 3.0
 # The sampler's jitted pieces (`_extend`, `_extend_rows`: the leading pieces of a long prefill; `_gather_rows`,
 # `_scatter_rows`: decode batches compacted within a call), whose compiled programs the suite counts.
-_JITTED = ("_prefill", "_extend", "_extend_rows", "_decode", "_resize", "_select", "_gather_rows", "_scatter_rows")
+_JITTED = ("_prefill", "_extend", "_extend_rows", "_decode", "_select", "_gather_rows", "_scatter_rows")
 _MODE_NAMES = {"cached": "cache kept across turns", "reprefill": "history re-prefilled every turn"}
 _JAX_THREAD_SETTINGS = {
     # name: environment for the worker process (as the sampler suite)
@@ -134,12 +134,12 @@ def _profile_engine(engine, tasks, config) -> dict:
   batch = engine.run(tasks, config)
   work = engine.sampler.stats.minus(before)
   s = batch.stats
-  inside = s.prefill_s + s.decode_s + s.grow_select_s + s.compile_s
+  inside = s.prefill_s + s.decode_s + s.select_s + s.compile_s
   return {
       "total_s": s.total_s,
       "prefill_s": s.prefill_s,
       "decode_s": s.decode_s,
-      "grow_select_s": s.grow_select_s,
+      "select_s": s.select_s,
       "compile_s": s.compile_s,
       "generate_host_s": s.generate_s - inside,
       "env_s": s.env_s,
@@ -399,7 +399,7 @@ def summarize(workload: Workload, ours: Sequence[dict], peer: Sequence[dict], *,
 
   # Where the time goes, per run of the whole task list.
   brows = []
-  keys = ("total_s", "prefill_s", "decode_s", "grow_select_s", "generate_host_s", "env_s", "template_s", "other_s")
+  keys = ("total_s", "prefill_s", "decode_s", "select_s", "generate_host_s", "env_s", "template_s", "other_s")
   for mode in MODES:
     p = best_ours[mode][mode].get("profile")
     if p:
@@ -412,7 +412,7 @@ def summarize(workload: Workload, ours: Sequence[dict], peer: Sequence[dict], *,
   common.print_table("Where the time goes (seconds per run of the task list; ours from one more run, read from "
                      "the sampler's accounting; the peer's prefill is one forward of each turn's input timed "
                      "apart, its decode the rest of `generate`; compile ~ warm-up minus median)",
-                     ["run", "total", "prefill", "decode", "grow/select", "host in generate", "env",
+                     ["run", "total", "prefill", "decode", "select", "host in generate", "env",
                       "template", "other", "compile~"], brows)
   prof = {mode: best_ours[mode][mode].get("profile") for mode in MODES}
   for mode in MODES:

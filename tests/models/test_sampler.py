@@ -26,7 +26,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def sampler(model):
-  return Sampler(model, cache_bucket=16, chunk_bucket=4, max_length=128)
+  return Sampler(model, attention_block=16, chunk_bucket=4, max_length=128)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def flat_model():
 
 @pytest.fixture(scope="module")
 def flat_sampler(flat_model):
-  return Sampler(flat_model, cache_bucket=16, chunk_bucket=4, max_length=128)
+  return Sampler(flat_model, attention_block=16, chunk_bucket=4, max_length=128)
 
 
 REF_LEN = 128
@@ -223,17 +223,17 @@ def test_cache_continuation_equals_fresh_prefill(model, sampler):
     assert_logprobs_match(model, history, third.tokens[j], third.logprobs[j])
 
 
-def test_rows_hold_only_their_own_tokens_and_select_shrinks_the_cache(model, sampler):
+def test_rows_hold_only_their_own_tokens_and_select_keeps_the_rest(model, sampler):
   # Rows of very different lengths: each holds exactly its prompt and sampled tokens (the last one pending),
-  # padding is never stored, and dropping the longest row shrinks the cache to the next longest.
+  # padding is never stored; dropping the longest row keeps the other's history (the capacity stays max_length).
   prompts = [list(range(1, 60)), [7, 8, 9]]
   params = SamplingParams(max_new_tokens=4, temperature=0.0)
   out = sampler.generate(prompts, params)
   expected = [len(p) + len(t) - 1 for p, t in zip(prompts, out.tokens)]
   np.testing.assert_array_equal(out.session.lengths, expected)
-  assert out.session.cache.capacity == 64  # 59 + 4 tokens, rounded up to the 16-slot bucket
+  assert out.session.cache.capacity == 128  # max_length slots from the start
   short = sampler.select(out.session, [1])
-  assert short.cache.capacity == 16 and list(short.lengths) == [expected[1]]
+  assert short.cache.capacity == 128 and short.cache.batch_size == 1 and list(short.lengths) == [expected[1]]
   turn2 = [40, 41]
   again = sampler.generate([turn2], params, session=short)
   history = prompts[1] + out.tokens[1] + turn2
@@ -243,7 +243,7 @@ def test_rows_hold_only_their_own_tokens_and_select_shrinks_the_cache(model, sam
 
 
 def test_long_prompts_prefill_in_pieces(model):
-  pieces = Sampler(model, cache_bucket=16, chunk_bucket=4, max_length=128, prefill_piece=8)
+  pieces = Sampler(model, attention_block=16, chunk_bucket=4, max_length=128, prefill_piece=8)
   # Leading pieces run on the rows that have tokens there: 2, 4 and 5 of the 7 (the last padded to 6 rows).
   prompts = [list(range(1, 30)), [7, 8, 9], list(range(3, 23)), list(range(40, 51)), list(range(9, 26)), [4, 6],
              list(range(30, 55))]
@@ -258,12 +258,21 @@ def test_long_prompts_prefill_in_pieces(model):
   assert second.tokens[0] == greedy_reference(model, history, 6)[0]
 
 
-def test_cache_grows_past_several_buckets(model, sampler):
+def test_decode_reads_across_several_attention_blocks(model, sampler):
   out = sampler.generate([PROMPTS[1]], SamplingParams(max_new_tokens=50, temperature=0.0))
   ref_tokens, ref_logprobs = greedy_reference(model, PROMPTS[1], 50)
-  assert out.tokens[0] == ref_tokens
+  assert out.tokens[0] == ref_tokens  # the history crosses three 16-slot block boundaries while decoding
   np.testing.assert_allclose(out.logprobs[0], ref_logprobs, atol=1e-4)
-  assert out.session.cache.capacity >= 52
+  assert len(PROMPTS[1]) + 50 > 3 * 16
+
+
+def test_a_row_holds_at_most_max_length_tokens(model):
+  """max_length 40 with 16-slot blocks: a 48-slot cache, but rows end (not stopped) at 40 tokens held."""
+  short = Sampler(model, attention_block=16, chunk_bucket=4, max_length=40)
+  assert short.capacity == 48
+  out = short.generate([list(range(1, 31))], SamplingParams(max_new_tokens=20, temperature=0.0))
+  assert int(out.session.lengths[0]) == 40 and len(out.tokens[0]) == 11 and not out.stopped[0]
+  assert out.tokens[0] == greedy_reference(model, list(range(1, 31)), 11)[0]
 
 
 def test_bad_inputs_raise_clear_errors(sampler):
@@ -281,7 +290,7 @@ def test_bad_inputs_raise_clear_errors(sampler):
 
 
 def test_stats_count_decode_work_idle_rows_and_compilation_apart(model):
-  fresh = Sampler(model, cache_bucket=16, chunk_bucket=4, max_length=128)  # its own programs: compiled here
+  fresh = Sampler(model, attention_block=16, chunk_bucket=4, max_length=128)  # its own programs: compiled here
   params = SamplingParams(max_new_tokens=8, temperature=0.0)
   prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11]]  # 3 rows run as a batch of 4: one padding row
   fresh.generate(prompts, params)
@@ -296,13 +305,19 @@ def test_stats_count_decode_work_idle_rows_and_compilation_apart(model):
   assert work.prefill_s > 0 and work.decode_s > 0 and work.decode_step_s == pytest.approx(work.decode_s / 7)
 
 
-def test_capacities_and_batches_come_from_small_ladders(model):
-  ladder = Sampler(model, cache_bucket=16, chunk_bucket=4, max_length=200)
-  capacities = sorted({ladder._capacity_for(n) for n in range(1, 201)})
-  assert capacities == [16, 32, 48, 64, 96, 128, 192, 200]  # 16 x (1, 2, 3, 4, 6, 8, 12), then max_length
-  assert all(ladder._capacity_for(n) >= n for n in range(1, 201))
-  out = ladder.generate([[1, 2]] * 5, SamplingParams(max_new_tokens=2, temperature=0.0))
-  assert out.session.cache.batch_size == 8  # batches pad to powers of two
+def test_programs_depend_on_batch_and_chunk_width_not_on_length(model):
+  """Once a batch size and chunk width have run, longer conversations (across attention blocks, up to the whole
+  cache) compile nothing more; batches pad to powers of two."""
+  fresh = Sampler(model, attention_block=16, chunk_bucket=4, max_length=200)
+  params = SamplingParams(max_new_tokens=12, temperature=0.0)
+  out = fresh.generate([[1, 2]] * 5, params)
+  assert out.session.cache.batch_size == 8 and out.session.cache.capacity == 208
+  out = fresh.generate([[3, 4]] * 5, params, session=out.session)  # a continuation: pending + 2 tokens, width 4
+  before = dataclasses.replace(fresh.stats)
+  for _ in range(10):  # 14 more tokens a call: the rows go from ~28 to ~170 slots
+    out = fresh.generate([[5, 6]] * 5, params, session=out.session)
+  assert int(out.session.lengths.max()) > 160
+  assert fresh.stats.minus(before).compiles == 0
 
 
 def test_compacting_the_decode_batch_changes_no_token_and_saves_row_steps(flat_model):
@@ -313,7 +328,7 @@ def test_compacting_the_decode_batch_changes_no_token_and_saves_row_steps(flat_m
   prompts = [[3 + i % 11, 4 + i // 11, 5 + i % 3] for i in range(13)]  # a batch of 16: compacted to 8
   outs, stats = {}, {}
   for compact in (False, True):
-    s = Sampler(flat_model, cache_bucket=16, chunk_bucket=4, max_length=128, compact_decode=compact)
+    s = Sampler(flat_model, attention_block=16, chunk_bucket=4, max_length=128, compact_decode=compact)
     first = s.generate(prompts, params, seed=11)
     second = s.generate([[20, 21]] * 13, params, seed=12, session=first.session)
     outs[compact], stats[compact] = (first, second), s.stats
@@ -327,3 +342,72 @@ def test_compacting_the_decode_batch_changes_no_token_and_saves_row_steps(flat_m
   assert lengths[0] < lengths[-1]  # rows stop at different steps
   assert stats[True].decode_live_row_steps == stats[False].decode_live_row_steps
   assert stats[True].decode_row_steps < stats[False].decode_row_steps
+
+
+def _continuous_two_turns(sampler, prompts, second, params, keys1, keys2, repack_at=None):
+  """Continuous batching: each row begins its second turn as soon as its first finishes, while the others are still
+  decoding; optionally the slots are repacked to the rows still in play once `repack_at` turns have finished.
+  Returns {row: [turn-1 tokens/logprobs, turn-2 tokens/logprobs]} keyed by the original row."""
+  slots = sampler.open_slots(len(prompts), params)
+  slots = sampler.begin_turns(slots, range(len(prompts)), prompts, keys1, new_rows=range(len(prompts)))
+  where = list(range(len(prompts)))  # slot row -> original row
+  turns: dict[int, list] = {i: [] for i in range(len(prompts))}
+  finished_count = 0
+  while slots.open.any():
+    slots, finished = sampler.decode_slots(slots, until=1)
+    assert finished
+    again_rows, again_tokens, again_keys = [], [], []
+    for turn in finished:
+      original = where[turn.row]
+      turns[original].append((turn.tokens, turn.logprobs, turn.stopped))
+      finished_count += 1
+      if len(turns[original]) == 1:
+        again_rows.append(turn.row)
+        again_tokens.append([turn.tokens[-1]] + second[original])
+        again_keys.append(keys2[original])
+    if again_rows:
+      slots = sampler.begin_turns(slots, again_rows, again_tokens, np.stack(again_keys))
+    if repack_at is not None and finished_count >= repack_at:
+      keep = [r for r in range(len(where)) if r < len(where) and where[r] is not None and slots.open[r]]
+      slots = sampler.repack_slots(slots, keep)
+      where = [where[r] for r in keep]
+      repack_at = None
+  return turns
+
+
+@pytest.mark.parametrize("repack", [False, True])
+def test_continuous_batching_gives_each_row_the_tokens_of_turn_by_turn_generation(flat_sampler, repack):
+  """Rows of `open_slots` at different turns and positions (a row starts its second turn while the others still
+  decode their first, the batch repacked midway) sample exactly what `generate` samples turn by turn with the same
+  per-row keys: a row's tokens depend on its key and its context only."""
+  params = SamplingParams(max_new_tokens=16, temperature=1.0, stop_ids=(STOP, 9, 17))
+  prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11], [12], [13, 14, 15, 16, 17, 18]]
+  second = [[20, 21], [22], [23, 24, 25], [26, 27], [28]]
+  keys1, keys2 = row_key_data(7, 5), row_key_data(8, 5)
+  first = flat_sampler.generate(prompts, params, seed=keys1)
+  then = flat_sampler.generate(second, params, seed=keys2, session=first.session)
+  turns = _continuous_two_turns(flat_sampler, prompts, second, params, keys1, keys2, repack_at=2 if repack else None)
+  assert len({len(t) for t in first.tokens}) > 1  # rows finish their first turn at different steps
+  for i in range(5):
+    (t1, l1, s1), (t2, l2, s2) = turns[i]
+    assert t1 == first.tokens[i] and t2 == then.tokens[i] and (s1, s2) == (first.stopped[i], then.stopped[i])
+    np.testing.assert_allclose(l1, first.logprobs[i], atol=1e-5)
+    np.testing.assert_allclose(l2, then.logprobs[i], atol=1e-5)
+
+
+def test_continuous_batching_refuses_bad_calls_and_reuses_a_row_for_a_new_conversation(model, sampler):
+  params = SamplingParams(max_new_tokens=4, temperature=0.0)
+  slots = sampler.open_slots(2, params)
+  with pytest.raises(ValueError, match="one list of new tokens per row"):
+    sampler.begin_turns(slots, [0, 1], [[1, 2]])
+  with pytest.raises(ValueError, match="no new tokens"):
+    sampler.begin_turns(slots, [0], [[]], new_rows=[0])
+  slots = sampler.begin_turns(slots, [0], [PROMPTS[0]], new_rows=[0])
+  with pytest.raises(ValueError, match="without an open turn"):
+    sampler.begin_turns(slots, [0], [[1]])
+  while slots.open.any():
+    slots, _ = sampler.decode_slots(slots)
+  # Row 0 now holds a conversation; as a new one it forgets it and samples what a fresh prompt samples.
+  slots = sampler.begin_turns(slots, [0], [PROMPTS[1]], new_rows=[0])
+  slots, finished = sampler.decode_slots(slots)
+  assert finished[0].tokens == greedy_reference(model, PROMPTS[1], len(finished[0].tokens))[0]

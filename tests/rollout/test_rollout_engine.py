@@ -1,5 +1,6 @@
 """The rollout engine with a real tiny policy on real envs: the cache kept across turns equals re-prefilling the
-whole history, the token bookkeeping matches the rendered conversation, and episodes leave the batch as they end.
+whole history, both schedules (continuous batching and turn by turn) give the same episodes, the token bookkeeping
+matches the rendered conversation, and episodes leave the batch as they end.
 
   python -m pytest tests/rollout -q
 """
@@ -37,6 +38,11 @@ def engine(model, tok):
 @pytest.fixture(scope="module")
 def cached(engine):
   return engine.run(TASKS, CONFIG)
+
+
+@pytest.fixture(scope="module")
+def turn_by_turn(engine):
+  return engine.run(TASKS, dataclasses.replace(CONFIG, schedule="turns"))
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +121,28 @@ def test_logprobs_are_the_policys_on_the_whole_sequence(cached, model):
     np.testing.assert_allclose(t.logprobs[positions], expected, atol=1e-4)
 
 
-def test_finished_episodes_leave_the_batch(cached):
+def test_both_schedules_give_the_same_episodes(engine, cached, turn_by_turn):
+  """Continuous batching (rows at different turns: maze ends after 2 turns, wordle after 4) and turn by turn give
+  the same episodes, greedy and sampled; the continuous schedule never decodes more steps."""
+  sampled = RolloutConfig(max_new_tokens=24, temperature=1.0, max_rounds=4, num_samples=2, seed=5)
+  pairs = [(cached, turn_by_turn),
+           (engine.run(TASKS, sampled), engine.run(TASKS, dataclasses.replace(sampled, schedule="turns")))]
+  for continuous, turns in pairs:
+    for a, b in zip(continuous.trajectories, turns.trajectories):
+      np.testing.assert_array_equal(a.token_ids, b.token_ids)
+      np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+      np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+      assert [m.content for m in a.messages] == [m.content for m in b.messages]
+      assert (a.reward, a.turns, a.finish_reason, a.turn_spans) == (b.reward, b.turns, b.finish_reason, b.turn_spans)
+    assert continuous.stats.decode_live_row_steps == turns.stats.decode_live_row_steps
+    assert continuous.stats.decode_steps <= turns.stats.decode_steps
+    assert continuous.stats.rows_generated == turns.stats.rows_generated == sum(t.turns for t in turns.trajectories)
+  with pytest.raises(ValueError, match="schedule must be one of"):
+    RolloutConfig(schedule="async")
+
+
+def test_finished_episodes_leave_the_batch(turn_by_turn):
+  cached = turn_by_turn
   by_env = {}
   for t in cached.trajectories:
     by_env.setdefault(t.env, set()).add(t.turns)
@@ -146,9 +173,11 @@ def test_groups_samples_and_seeds(engine):
   greedy = RolloutConfig(max_new_tokens=24, temperature=0.0, max_rounds=2, num_samples=1)
   whole = engine.run(TASKS[:4], greedy)
   chunked = engine.run(TASKS[:4], dataclasses.replace(greedy, batch_size=3))
-  assert chunked.stats.generate_calls == 4  # two chunks of two turns
-  for x, y in zip(whole.trajectories, chunked.trajectories):
+  chunked_turns = engine.run(TASKS[:4], dataclasses.replace(greedy, batch_size=3, schedule="turns"))
+  assert chunked_turns.stats.generate_calls == 4  # two chunks of two turns
+  for x, y, z in zip(whole.trajectories, chunked.trajectories, chunked_turns.trajectories):
     np.testing.assert_array_equal(x.token_ids, y.token_ids)
+    np.testing.assert_array_equal(x.token_ids, z.token_ids)
 
 
 def test_context_limit_and_cut_turns_end_episodes(engine, tok, cached):

@@ -31,4 +31,4 @@ def tiny_model(tokenizer=None, seed: int = 0) -> models.Decoder:
 
 def tiny_sampler(model: models.Decoder) -> Sampler:
   # Coarse buckets: few distinct shapes, so few programs compile.
-  return Sampler(model, cache_bucket=256, chunk_bucket=64, max_length=2048)
+  return Sampler(model, chunk_bucket=64, max_length=2048)

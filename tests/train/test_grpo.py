@@ -144,7 +144,7 @@ def test_grpo_runs_from_a_bc_checkpoint_and_resumes(tmp_path):
   # The breakdown: the sampler's pieces without compilation, the log-prob passes and updates, what XLA compiled
   # (the first step compiles the sampler's and the update's programs), memory, and the floor below the rollout.
   for r in rows:
-    parts = r["time/prefill_s"] + r["time/decode_s"] + r["time/grow_select_s"] + r["time/rollout_compile_s"]
+    parts = r["time/prefill_s"] + r["time/decode_s"] + r["time/select_s"] + r["time/rollout_compile_s"]
     assert 0 < parts <= r["time/rollout_s"] and r["time/env_s"] > 0
     assert 0 < r["rollout/floor_s"] <= r["time/decode_s"] and 0 <= r["rollout/idle_row_fraction"] < 1
     assert r["memory/peak_rss_gb"] >= r["memory/rss_gb"] > 0

@@ -56,7 +56,7 @@ def hinted_rollouts():
   model = make_model(ModelConfig(vocab_size=2432, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                                  intermediate_size=64, max_position_embeddings=2048), seed=3)
   extension = rl_extension_run.HintExtension()
-  with RolloutEngine(Sampler(model, cache_bucket=256, max_length=2048), tokenizer) as engine:
+  with RolloutEngine(Sampler(model, max_length=2048), tokenizer) as engine:
     rolled = engine.run([Task("maze", 5)], RolloutConfig(max_new_tokens=12, max_rounds=3, temperature=1.0,
                                                          num_samples=2, seed=11),
                         transform_openings=chain_openings([extension], step=0))
