@@ -147,11 +147,14 @@ def _single_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.
 class CacheAccess(NamedTuple):
   """Where a chunk's tokens go in a KV cache and what its queries read (`Decoder.forward_chunk`).
 
-  write_slots `[B, C]` int32: each new token's slot (>= capacity for padding: dropped). query_slots `[B, C]`
+  rows `[R]` int32: the cache row of each chunk row (R may be fewer than the cache's B rows; entries >= B are
+  padding: they write nothing and read row B - 1, unused), or None: chunk row b is cache row b.
+  write_slots `[R, C]` int32: each new token's slot (>= capacity for padding: dropped). query_slots `[R, C]`
   int32: the last slot each query attends to (its own; padding queries' are unused). num_slots `[]` int32: the
-  slots in use after the write (the longest row's length): attention reads the blocks that cover them and skips
+  slots in use after the write (the longest of these rows): attention reads the blocks that cover them and skips
   the rest. block: slots per block (static; the capacity is a multiple of it)."""
 
+  rows: jax.Array | None
   write_slots: jax.Array
   query_slots: jax.Array
   num_slots: jax.Array
@@ -159,7 +162,7 @@ class CacheAccess(NamedTuple):
 
 
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, query_slots: jax.Array, num_slots: jax.Array,
-                     block: int) -> jax.Array:
+                     block: int, rows: jax.Array | None = None) -> jax.Array:
   """GQA of new queries over a KV cache, reading only the slots in use, `block` slots at a time (online softmax).
 
   q `[B, T, H, hd]`; k, v `[B, Hkv, S, hd]`, S a multiple of `block`; query_slots `[B, T]` int32: query t of row
@@ -167,10 +170,13 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, query_slots: jax.
   loop covers slots [0, num_slots) rounded up to whole blocks, so a step's cost follows the longest row, not the
   capacity, and one program serves every length. Returns `[B, T, H, hd]`; scores and softmax in float32.
   A decode step (T = 1) multiplies and reduces, as `_single_query_attention` does; a chunk uses batched matmuls
-  over (batch, KV head)."""
+  over (batch, KV head). With `rows` `[B']` int32 (q's rows are these rows of k and v; entries past k's rows read
+  its last row), each block is sliced from every cache row and then taken for `rows`: a few rows of a large batch
+  read only their blocks, never a copy of their whole cache."""
   b, t, h, hd = q.shape
   hkv, capacity = k.shape[1], k.shape[2]
   g = h // hkv
+  take = None if rows is None else jnp.minimum(rows, k.shape[0] - 1)
   if capacity % block:
     raise ValueError(f"the cache's capacity {capacity} must be a multiple of the attention block {block}")
   # [B, T, Hkv, G, hd] -> [B, Hkv, G*T, hd]: the query rows of one KV head; row m = group * T + position.
@@ -181,8 +187,11 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, query_slots: jax.
   def read_block(i, carry):
     top, total, acc = carry  # running max [B, Hkv, M], normaliser [B, Hkv, M], output [B, Hkv, M, hd]
     start = i * block
-    kb = jax.lax.dynamic_slice_in_dim(k, start, block, axis=2).astype(jnp.float32)
-    vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2).astype(jnp.float32)
+    kb = jax.lax.dynamic_slice_in_dim(k, start, block, axis=2)
+    vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2)
+    if take is not None:
+      kb, vb = kb[take], vb[take]
+    kb, vb = kb.astype(jnp.float32), vb.astype(jnp.float32)
     if t == 1:
       scores = jnp.sum(qg[:, :, :, None, :] * kb[:, :, None], axis=-1)  # [B, Hkv, G, block]
     else:
@@ -248,13 +257,13 @@ class Attention(nnx.Module):
     v = qkv[:, :, :, g + 1]
     if kv_cache is not None:
       k_cache, v_cache = kv_cache
-      rows = jnp.arange(b, dtype=jnp.int32)[:, None]
+      rows = (jnp.arange(b, dtype=jnp.int32) if access.rows is None else access.rows)[:, None]
       # Advanced indices on the batch and slot axes: the update is laid out [B, T, Hkv, hd], as k and v are.
       k = k_cache.at[rows, :, access.write_slots].set(k.astype(k_cache.dtype), mode="drop")
       v = v_cache.at[rows, :, access.write_slots].set(v.astype(v_cache.dtype), mode="drop")
       k = constrain(k, ("batch", "act_kv_heads", "cache_length", "head_dim"))
       v = constrain(v, ("batch", "act_kv_heads", "cache_length", "head_dim"))
-      attn = cached_attention(q, k, v, access.query_slots, access.num_slots, access.block)
+      attn = cached_attention(q, k, v, access.query_slots, access.num_slots, access.block, access.rows)
       new_cache = (k, v)
     else:
       k = constrain(k.transpose(0, 2, 1, 3), ("batch", "act_kv_heads", "cache_length", "head_dim"))  # [B, Hkv, T, hd]
@@ -398,21 +407,31 @@ class Decoder(nnx.Module):
     return jnp.pad(logp_next[:, :-1], ((0, 0), (1, 0)))
 
   def forward_chunk(self, tokens: jax.Array, valid: jax.Array, cache: KVCache, *, last_only: bool = True,
-                    block: int = 128) -> tuple[jax.Array, KVCache]:
+                    block: int = 128, rows: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
     """Runs new tokens against the cache and appends them to it.
 
     tokens, valid: `[B, C]`, left-padded (a row's real tokens end at the chunk's last column; a row may have
     none). Row b's real tokens go to its slots [lengths[b], lengths[b] + n_b), which the caller keeps within
     the capacity (slots past it are dropped). Attention reads the cache `block` slots at a time, only as far as
     the longest row reaches (`cached_attention`; the capacity must be a multiple of `block`, or `block` is the
-    whole capacity when it is smaller). Returns logits `[B, V]` at the last column (or `[B, C, V]` with
-    last_only=False), float32, and the updated cache.
+    whole capacity when it is smaller). With `rows` `[R]` int32, the chunk `[R, C]` belongs to those rows of the
+    cache (entries >= the cache's batch are padding: nothing written); the other rows are untouched, and no row's
+    cache is copied. Returns logits `[B or R, V]` at the last column (or `[B or R, C, V]` with last_only=False),
+    float32, and the updated cache.
     """
     valid = valid.astype(bool)
-    slot = cache.lengths[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1  # [B, C]: each token's slot
-    new_lengths = cache.lengths + jnp.sum(valid, axis=1, dtype=jnp.int32)
-    access = CacheAccess(write_slots=jnp.where(valid, slot, cache.capacity),  # padding goes past the end: dropped
-                         query_slots=slot, num_slots=jnp.max(new_lengths), block=min(block, cache.capacity))
+    if rows is None:
+      lengths = cache.lengths
+    else:
+      lengths = jnp.where(rows < cache.batch_size, cache.lengths[jnp.minimum(rows, cache.batch_size - 1)], 0)
+    slot = lengths[:, None] + jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1  # each token's slot
+    added = jnp.sum(valid, axis=1, dtype=jnp.int32)
+    if rows is None:
+      new_lengths = cache.lengths + added
+    else:
+      new_lengths = cache.lengths.at[rows].add(added, mode="drop")
+    access = CacheAccess(rows=rows, write_slots=jnp.where(valid, slot, cache.capacity),  # padding: dropped
+                         query_slots=slot, num_slots=jnp.max(lengths + added), block=min(block, cache.capacity))
     x, keys, values = self._run_layers(self.embed_tokens(tokens), jnp.maximum(slot, 0), None, cache, access)
     if last_only:
       x = x[:, -1:]

@@ -367,6 +367,12 @@ def _scatter_rows(full: _LoopState, sub: _LoopState, rows: jax.Array) -> _LoopSt
   return dataclasses.replace(merged, step=sub.step)
 
 
+def _repack_rows(state: "_SlotState", index: jax.Array, live: jax.Array) -> "_SlotState":
+  """Rows `index` `[R]` int32 of `state`; rows where `live` `[R]` is False are padding copies, never active."""
+  picked = jax.tree.map(lambda x: x if x.ndim == 0 else x[index], state)
+  return dataclasses.replace(picked, active=picked.active & live)
+
+
 def _reset_rows(cache: KVCache, rows: jax.Array) -> KVCache:
   """`cache` with rows `rows` `[R]` int32 emptied (length 0; entries >= B are padding)."""
   return cache._replace(lengths=cache.lengths.at[rows].set(0, mode="drop"))
@@ -426,6 +432,8 @@ class Sampler:
     self._begin = jax.jit(self._begin_impl, static_argnames=("static",), donate_argnums=(1,))
     self._decode_slots = jax.jit(self._decode_slots_impl, static_argnames=("static",), donate_argnums=(1,))
     self._reset_rows = jax.jit(_reset_rows, donate_argnums=(0,))
+    self._empty_slots = jax.jit(self._empty_slots_impl, static_argnums=(0, 1))
+    self._repack = jax.jit(_repack_rows)
     self._scatter_rows = jax.jit(_scatter_rows, donate_argnums=(0,))
     self.stats = SamplerStats()  # cumulative; `stats.minus(copy)` gives one stretch of work
     self._compiles = runtime.compile_log()
@@ -458,11 +466,10 @@ class Sampler:
 
   def _extend_rows_impl(self, params, cache, rows, chunk, chunk_valid):
     """`_extend` on some rows only: rows `[R]` int32 (entries >= B are padding, which writes nothing); chunk,
-    chunk_valid `[R, C]`. The rows' cache is gathered, extended and scattered back."""
-    b = cache.batch_size
-    sub = jax.tree.map(lambda x: x[jnp.minimum(rows, b - 1)], cache)
-    _, sub = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, sub, block=self._block)
-    return jax.tree.map(lambda full, part: full.at[rows].set(part, mode="drop"), cache, sub)
+    chunk_valid `[R, C]`. The rows read and write their own slots of the whole cache (nothing is copied)."""
+    _, cache = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, cache, block=self._block,
+                                                              rows=rows)
+    return cache
 
   def _decode_impl(self, params, state: _LoopState, knobs: _Knobs, min_live: jax.Array, static: _Static):
     """Decode steps until every row is done, `max_new` columns are filled, a live row has no free slot (the context
@@ -493,12 +500,11 @@ class Sampler:
     """Feeds `chunk` `[R, C]` to rows `rows` `[R]` int32 (entries >= B are padding: nothing written) and samples
     each one's first token of a new turn with its key `row_keys` `[R, K]` (position 0)."""
     b = state.cache.batch_size
-    take = jnp.minimum(rows, b - 1)
-    sub = jax.tree.map(lambda x: x[take], state.cache)
-    logits, sub = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, sub, block=self._block)
+    logits, cache = nnx.merge(self.graphdef, params).forward_chunk(chunk, chunk_valid, state.cache,
+                                                                   block=self._block, rows=rows)
     token, logprob = sample_tokens(logits, row_keys, jnp.zeros((), jnp.int32), static, knobs)
-    cache = jax.tree.map(lambda full, part: full.at[rows].set(part, mode="drop"), state.cache, sub)
-    active = ~jnp.isin(token, knobs.stop_ids) & (knobs.max_new > 1) & (sub.lengths < self.max_length)
+    lengths = cache.lengths[jnp.minimum(rows, b - 1)]
+    active = ~jnp.isin(token, knobs.stop_ids) & (knobs.max_new > 1) & (lengths < self.max_length)
     put = lambda full, part: full.at[rows].set(part, mode="drop")
     width = state.tokens.shape[1]
     return dataclasses.replace(
@@ -727,13 +733,15 @@ class Sampler:
     if len(sampling.stop_ids) > MAX_STOP_IDS:
       raise ValueError(f"at most {MAX_STOP_IDS} stop ids, got {len(sampling.stop_ids)}")
     batch = _batch_bucket(rows)
-    width = _round_up(sampling.max_new_tokens, 32)
-    state = _SlotState(cache=init_cache(self.config, batch, self.capacity), last_token=jnp.zeros(batch, jnp.int32),
-                       active=jnp.zeros(batch, bool), tokens=jnp.full((batch, width), -1, jnp.int32),
-                       logprobs=jnp.zeros((batch, width), jnp.float32), pos=jnp.zeros(batch, jnp.int32),
-                       row_keys=jnp.zeros((batch, *self._key_shape), jnp.uint32), steps=jnp.zeros((), jnp.int32),
-                       live_row_steps=jnp.zeros((), jnp.int32))
+    state = self._empty_slots(batch, _round_up(sampling.max_new_tokens, 32))
     return Slots(state=state, sampling=sampling, open=np.zeros(batch, bool))
+
+  def _empty_slots_impl(self, batch: int, width: int) -> _SlotState:
+    return _SlotState(cache=init_cache(self.config, batch, self.capacity), last_token=jnp.zeros(batch, jnp.int32),
+                      active=jnp.zeros(batch, bool), tokens=jnp.full((batch, width), -1, jnp.int32),
+                      logprobs=jnp.zeros((batch, width), jnp.float32), pos=jnp.zeros(batch, jnp.int32),
+                      row_keys=jnp.zeros((batch, *self._key_shape), jnp.uint32), steps=jnp.zeros((), jnp.int32),
+                      live_row_steps=jnp.zeros((), jnp.int32))
 
   def begin_turns(self, slots: Slots, rows: Sequence[int], new_tokens: Sequence[Sequence[int]],
                   row_keys: np.ndarray | None = None, *, new_rows: Sequence[int] = ()) -> Slots:
@@ -767,7 +775,7 @@ class Sampler:
     if new_rows:
       reset = np.full(_batch_bucket(len(new_rows)), batch, np.int32)
       reset[:len(new_rows)] = list(new_rows)
-      state = dataclasses.replace(state, cache=self._reset_rows(state.cache, jnp.asarray(reset)))
+      state = dataclasses.replace(state, cache=self._reset_rows(state.cache, reset))
     lengths = np.asarray(state.cache.lengths)[rows] + np.array([len(c) for c in new_tokens])
     if lengths.max() + 1 > self.max_length:
       raise ValueError(f"a row would hold {int(lengths.max())} tokens and sample one more, > max_length "
@@ -792,15 +800,14 @@ class Sampler:
       take = np.zeros(len(ids), np.int64)
       take[:len(has)] = has
       piece_valid = valid[take, piece] & (ids < batch)[:, None]
-      cache = self._extend_rows(self.params, cache, jnp.asarray(ids), jnp.asarray(chunk[take, piece]),
-                                jnp.asarray(piece_valid))
+      cache = self._extend_rows(self.params, cache, ids, chunk[take, piece], piece_valid)
       self.stats.prefill_slots += len(ids) * self.prefill_piece
     keys = np.zeros((sub, *self._key_shape), np.uint32)
     if row_keys is not None and not static.greedy:
       keys[:len(rows)] = np.asarray(row_keys, np.uint32)
-    state = self._begin(self.params, dataclasses.replace(state, cache=cache), jnp.asarray(row_ids),
-                        jnp.asarray(chunk[:, last:]), jnp.asarray(valid[:, last:]), jnp.asarray(keys), knobs,
-                        static=static)
+    # (numpy arguments: a jnp.asarray of each new shape would compile a program of its own)
+    state = self._begin(self.params, dataclasses.replace(state, cache=cache), row_ids, chunk[:, last:],
+                        valid[:, last:], keys, knobs, static=static)
     self.stats.prefill_slots += sub * (chunk_len - last)
     jax.block_until_ready(state.active)
     self.stats.add_time("prefill", started, mark)
@@ -818,8 +825,7 @@ class Sampler:
     started, mark = time.perf_counter(), self._compiles.mark()
     steps_before, live_before = int(state.steps), int(state.live_row_steps)
     if bool(np.asarray(state.active).any()):
-      state = self._decode_slots(self.params, state, jnp.asarray(slots.open), jnp.int32(max(until, 1)), knobs,
-                                 static=static)
+      state = self._decode_slots(self.params, state, slots.open, np.int32(max(until, 1)), knobs, static=static)
     active = np.asarray(state.active)
     steps = int(state.steps) - steps_before
     self.stats.add_time("decode", started, mark)
@@ -841,9 +847,10 @@ class Sampler:
     opened[done] = False
     return Slots(state=state, sampling=slots.sampling, open=opened), finished
 
-  def repack_slots(self, slots: Slots, rows: Sequence[int]) -> Slots:
-    """Keeps only `rows` (in this order; row i of the result is `rows[i]`), in a batch of the next power of two:
-    decode steps then cost what the rows left need. Rows past them are empty padding."""
+  def repack_slots(self, slots: Slots, rows: Sequence[int], *, min_rows: int = _MIN_COMPACT_ROWS) -> Slots:
+    """Keeps only `rows` (in this order; row i of the result is `rows[i]`), in a batch of the next power of two,
+    at least `min_rows` (fewer batch sizes, fewer programs): decode steps then cost what the rows left need. Rows
+    past them are empty padding."""
     rows = [int(r) for r in rows]
     if not rows:
       raise ValueError("repack_slots needs at least one row")
@@ -851,13 +858,60 @@ class Sampler:
     if any(not 0 <= r < batch for r in rows):
       raise IndexError(f"rows {rows} out of range for {batch} slots")
     started, mark = time.perf_counter(), self._compiles.mark()
-    size = _batch_bucket(len(rows))
+    size = max(_batch_bucket(len(rows)), min(min_rows, batch))
     index = np.asarray(rows + [rows[0]] * (size - len(rows)), np.int32)
-    state = self._select(slots.state, jnp.asarray(index))
-    live = np.arange(size) < len(rows)
-    state = dataclasses.replace(state, active=state.active & jnp.asarray(live))  # padding copies never run
-    jax.block_until_ready(state.active)
+    state = jax.block_until_ready(self._repack(slots.state, index, np.arange(size) < len(rows)))
     self.stats.add_time("select", started, mark)
     opened = np.zeros(size, bool)
     opened[:len(rows)] = slots.open[rows]
     return Slots(state=state, sampling=slots.sampling, open=opened)
+
+  def slot_batches(self, rows: int, *, min_rows: int = _MIN_COMPACT_ROWS, repack_fraction: int = 4) -> list[int]:
+    """The batches continuous batching of `rows` rows can use when a batch larger than `min_rows` is repacked once
+    no more than a `repack_fraction`-th of it is in play, to `max(next power of two, min_rows)` rows: the first,
+    `min_rows`, and the powers of two between them up to a `repack_fraction`-th of the first."""
+    first = _batch_bucket(rows)
+    sizes = {first, min_rows} if first > min_rows else {first}
+    size = 2 * min_rows
+    while size * repack_fraction <= first:
+      sizes.add(size)
+      size *= 2
+    return sorted(sizes, reverse=True)
+
+  def precompile_slots(self, rows: int, sampling: SamplingParams, *, min_rows: int = _MIN_COMPACT_ROWS,
+                       repack_fraction: int = 4) -> int:
+    """Compiles every program continuous batching of `rows` rows with `sampling` can run, by running each once on
+    empty rows (padding: nothing is written): for each of `slot_batches`, its empty state, beginning turns on each
+    power of two of its rows at each chunk width (with the keys' fold-in when sampling, and the leading pieces of
+    long chunks), emptying rows, decoding, and repacking into each smaller batch. Afterwards no turn, however long
+    its conversations, compiles anything. Returns the programs run (each compiled unless it had been before)."""
+    static, knobs = _split_params(sampling)
+    params = self.params
+    key_shape = self._key_shape
+    widths = range(self.chunk_bucket, self.prefill_piece + 1, self.chunk_bucket)
+    width = _round_up(sampling.max_new_tokens, 32)
+    sizes = self.slot_batches(rows, min_rows=min_rows, repack_fraction=repack_fraction)
+    ran = 0
+    for size in sizes:
+      state = self._empty_slots(size, width)
+      ran += 1
+      for sub in (1 << i for i in range(size.bit_length())):
+        ids = np.full(sub, size, np.int32)  # every entry padding
+        keys = np.zeros((sub, *key_shape), np.uint32)
+        if not static.greedy:  # the engine folds each row's turn into its key, `sub` rows at a time
+          _fold_in_rows(keys, np.zeros(sub, np.uint32))
+          ran += 1
+        for chunk_width in widths:
+          state = self._begin(params, state, ids, np.zeros((sub, chunk_width), np.int32),
+                              np.zeros((sub, chunk_width), bool), keys, knobs, static=static)
+        piece = np.zeros((sub, self.prefill_piece), np.int32)
+        cache = self._extend_rows(params, state.cache, ids, piece, piece.astype(bool))
+        state = dataclasses.replace(state, cache=self._reset_rows(cache, ids))
+        ran += len(widths) + 2
+      state = self._decode_slots(params, state, np.zeros(size, bool), np.int32(1), knobs, static=static)
+      ran += 1
+      for smaller in (s for s in sizes if s < size):
+        self._repack(state, np.zeros(smaller, np.int32), np.zeros(smaller, bool))
+        ran += 1
+      jax.block_until_ready(state)
+    return ran

@@ -129,14 +129,18 @@ def rollout_time_metrics(rolled: RolloutBatch) -> dict[str, float]:
   `time/template_s` (rendering and tokenizing); `rollout/idle_row_fraction`: decode row-steps whose row
   sampled nothing (finished or waiting for the turn's longest row); `rollout/floor_s`: the step's decoded tokens
   (each turn's first token comes with its prefill) packed perfectly over the step's episodes (GRPO runs them all
-  at once), at this step's mean seconds per decode step: what decoding would cost with no row ever idle."""
+  at once), at this step's mean seconds per decode step: what decoding would cost with no row ever idle;
+  `rollout/sequential_floor_s`: the longest episode's decoded tokens at the same cost (an episode's tokens are
+  decoded one after another, so no schedule finishes sooner; the step's real floor is the larger of the two)."""
   s = rolled.stats
   decode_step_s = s.decode_s / s.decode_steps if s.decode_steps else 0.0
+  longest = max((sum(b - a for a, b in t.turn_spans) - t.turns for t in rolled.trajectories), default=0)
   return {"time/prefill_s": s.prefill_s, "time/decode_s": s.decode_s, "time/select_s": s.select_s,
           "time/rollout_compile_s": s.compile_s, "time/env_s": s.env_s, "time/template_s": s.template_s,
           "rollout/decode_steps": s.decode_steps,
           "rollout/idle_row_fraction": s.idle_row_fraction,
-          "rollout/floor_s": math.ceil(s.decode_live_row_steps / max(s.episodes, 1)) * decode_step_s}
+          "rollout/floor_s": math.ceil(s.decode_live_row_steps / max(s.episodes, 1)) * decode_step_s,
+          "rollout/sequential_floor_s": longest * decode_step_s}
 
 
 def behaviour_logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: dict[str, np.ndarray],
@@ -295,14 +299,19 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
   rollout_config = dataclasses.replace(rollout_config,
                                        **dict.fromkeys(advantages_lib.rollout_records(advantage_fn), True))
 
+  precompiled: list[int] = []
+
   def grpo_step() -> dict[str, Any]:
     step = loop.step  # 0-based index of this RL step; its row is logged as step + 1
     tasks = draw_tasks(envs, slices.explore_start, slices.explore_count, tasks_per_step, seed, step)
     for ext in extensions:
       tasks = ext.choose_tasks(step, tasks)
     started = time.perf_counter()
-    rolled = loop.sync_policy().run(tasks, dataclasses.replace(rollout_config, seed=seed * 100003 + step),
-                                    transform_openings=chain_openings(extensions, step))
+    engine = loop.sync_policy()
+    if not precompiled:  # the sampler's whole program set, once per process (in the first step's rollout time)
+      precompiled.append(engine.precompile(rollout_config, len(tasks)))
+    rolled = engine.run(tasks, dataclasses.replace(rollout_config, seed=seed * 100003 + step),
+                        transform_openings=chain_openings(extensions, step))
     row: dict[str, Any] = {"time/rollout_s": time.perf_counter() - started}  # sampling and env steps
     # Every episode the environment scored counts, however long: its reward is in its group's baseline, and one
     # longer than the largest bucket trains on its first buckets[-1] tokens (its later actions are not trained).

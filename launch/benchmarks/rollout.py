@@ -50,8 +50,10 @@ MODES = ("cached", "reprefill")
 # cannot win; its repeats are skipped.
 GIVE_UP_FACTOR = 3.0
 # The sampler's jitted pieces (`_extend`, `_extend_rows`: the leading pieces of a long prefill; `_gather_rows`,
-# `_scatter_rows`: decode batches compacted within a call), whose compiled programs the suite counts.
-_JITTED = ("_prefill", "_extend", "_extend_rows", "_decode", "_select", "_gather_rows", "_scatter_rows")
+# `_scatter_rows`: decode batches compacted within a call; `_begin`, `_decode_slots`, `_reset_rows`: continuous
+# batching), whose compiled programs the suite counts.
+_JITTED = ("_prefill", "_extend", "_extend_rows", "_decode", "_select", "_gather_rows", "_scatter_rows", "_begin",
+           "_decode_slots", "_reset_rows")
 _MODE_NAMES = {"cached": "cache kept across turns", "reprefill": "history re-prefilled every turn"}
 _JAX_THREAD_SETTINGS = {
     # name: environment for the worker process (as the sampler suite)

@@ -89,3 +89,18 @@ def test_cached_attention_needs_whole_blocks():
   kv = jnp.zeros((1, 2, 30, 8))
   with pytest.raises(ValueError, match="capacity 30 must be a multiple of the attention block 8"):
     cached_attention(q, kv, kv, jnp.zeros((1, 1), jnp.int32), jnp.int32(1), 8)
+
+
+def test_cached_attention_on_some_rows_of_the_cache_equals_attention_over_those_rows():
+  """`rows` [2, 0, pad]: queries of cache rows 2 and 0 read those rows' blocks only (the padding entry reads the
+  last row; its output is unused), as if the rows had been copied out first."""
+  b, t, h, hkv, hd, capacity, block = 4, 3, 4, 2, 8, 16, 4
+  rng = np.random.default_rng(3)
+  k, v = (jnp.asarray(rng.standard_normal((b, hkv, capacity, hd)), jnp.float32) for _ in range(2))
+  q = jnp.asarray(rng.standard_normal((3, t, h, hd)), jnp.float32)
+  rows = jnp.asarray([2, 0, 4], jnp.int32)
+  query_slots = jnp.asarray([[6, 7, 8], [1, 2, 3], [0, 0, 0]], jnp.int32)
+  got = cached_attention(q, k, v, query_slots, jnp.int32(9), block, rows)
+  copied = cached_attention(q[:2], k[jnp.asarray([2, 0])], v[jnp.asarray([2, 0])], query_slots[:2], jnp.int32(9),
+                            block)
+  np.testing.assert_allclose(np.asarray(got)[:2], np.asarray(copied), atol=1e-6, rtol=0)

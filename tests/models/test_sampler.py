@@ -411,3 +411,27 @@ def test_continuous_batching_refuses_bad_calls_and_reuses_a_row_for_a_new_conver
   slots = sampler.begin_turns(slots, [0], [PROMPTS[1]], new_rows=[0])
   slots, finished = sampler.decode_slots(slots)
   assert finished[0].tokens == greedy_reference(model, PROMPTS[1], len(finished[0].tokens))[0]
+
+
+def test_precompiling_the_slot_programs_leaves_nothing_to_compile(flat_model):
+  """After `precompile_slots`, continuous batching of that many rows (turns begun on any number of rows at any
+  chunk width, long chunks in pieces, rows emptied, repacked) compiles nothing, sampled or greedy as precompiled."""
+  s = Sampler(flat_model, attention_block=16, chunk_bucket=8, prefill_piece=16, max_length=128)
+  params = SamplingParams(max_new_tokens=10, temperature=1.0, stop_ids=(STOP, 9, 17))
+  assert s.slot_batches(5, min_rows=2, repack_fraction=2) == [8, 4, 2]
+  assert s.slot_batches(64) == [64, 16, 8] and s.slot_batches(16) == [16, 8] and s.slot_batches(3) == [4]
+  compiled = s.precompile_slots(5, params, min_rows=2, repack_fraction=2)
+  # Per batch: its empty state; per power of two of its rows: the keys' fold-in, a begin at each of the 2 chunk
+  # widths, a leading piece, an emptying; one decode; a repack into each smaller batch.
+  assert compiled == (1 + 4 * 5 + 1 + 2) + (1 + 3 * 5 + 1 + 1) + (1 + 2 * 5 + 1)
+  assert s.precompile_slots(5, params, min_rows=2, repack_fraction=2) == compiled  # the same programs again
+  before = dataclasses.replace(s.stats)
+  s.precompile_slots(5, params, min_rows=2, repack_fraction=2)
+  prompts = [list(range(3, 3 + n)) for n in (2, 9, 20, 5, 33)]  # widths 8, 16 and pieces of 16
+  turns = _continuous_two_turns(s, prompts, [[20, 21]] * 5, params, row_key_data(1, 5), row_key_data(2, 5))
+  slots = s.repack_slots(s.open_slots(5, params), [0, 1], min_rows=2)
+  slots = s.begin_turns(slots, [0, 1], [[4, 5], [6]], row_key_data(3, 2), new_rows=[0, 1])
+  while slots.open.any():
+    slots, _ = s.decode_slots(slots)
+  assert all(len(t) == 2 for t in turns.values())
+  assert s.stats.minus(before).compiles == 0
