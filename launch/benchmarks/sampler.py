@@ -27,7 +27,8 @@ def _worker_jax(ckpt: str, batch: int, repeats: int) -> dict:
   from evolver import models
   from evolver.models.sampler import Sampler, SamplingParams
   model = models.load_hf(ckpt)
-  sampler = Sampler(model)
+  # The cache this workload needs (a session's cache holds max_length slots from the start; transformers' grows).
+  sampler = Sampler(model, max_length=PROMPT_LEN + NEW_TOKENS)
   prompts = _prompts(batch, model.config.vocab_size).tolist()
   params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0)
 
