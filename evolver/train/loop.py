@@ -338,3 +338,11 @@ def step_resources(compiles: Sequence[runtime.CompileEvent]) -> dict[str, float]
 def scalar_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
   """A train step's metrics (device arrays) as Python floats, for a metrics row."""
   return {k: float(v) for k, v in jax.device_get(dict(metrics)).items() if np.ndim(v) == 0}
+
+
+def mean_metrics(updates: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+  """Several train steps' metrics as one row: counts (`num_*`) summed, everything else averaged over the steps
+  (an RL step's updates: its last minibatch alone can be all zero-advantage groups, a loss of exactly 0)."""
+  rows = [scalar_metrics(m) for m in updates]
+  return {k: float(np.sum([r[k] for r in rows]) if k.startswith("num_") else np.mean([r[k] for r in rows]))
+          for k in rows[0]} if rows else {}

@@ -50,7 +50,7 @@ from evolver.train import optimizer as optimizer_lib
 from evolver.train import step as step_lib
 from evolver.train import trainer as trainer_lib
 from evolver.train.extensions import RLExtension, chain_openings
-from evolver.train.loop import Loop, scalar_metrics
+from evolver.train.loop import Loop, mean_metrics
 from evolver.train.slices import TaskSlices, draw_tasks
 
 RL_KEYS = ("input_ids", "loss_mask", "exp_mask", "advantages", "old_logp", "ref_logp")
@@ -144,15 +144,18 @@ def rollout_time_metrics(rolled: RolloutBatch) -> dict[str, float]:
 
 
 def behaviour_logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: dict[str, np.ndarray],
-                       buckets: Sequence[int], num_chunks: int, head_chunk_rows: int | None = None) -> np.ndarray:
+                       buckets: Sequence[int], num_chunks: int, head_chunk_rows: int | None = None,
+                       chunk_rows: int | None = None) -> np.ndarray:
   """`[B, T]` log-probabilities of a batch's tokens under `params`, computed on rows grouped by length, each
-  chunk cut to its own longest bucket (right padding: every kept token's value is unchanged)."""
+  chunk cut to its own longest bucket (right padding: every kept token's value is unchanged) and padded to
+  `chunk_rows` rows (default: `row_bucket` of its own rows)."""
   out = np.zeros_like(batch["loss_mask"])
   for chunk in np.array_split(np.argsort(batch["lengths"], kind="stable"), num_chunks):
     if not chunk.size:
       continue
     ids = batching.take_rows(batch, chunk, buckets, keys=("input_ids",))["input_ids"]
-    ids = np.concatenate([ids, np.zeros((row_bucket(len(chunk)) - len(chunk), ids.shape[1]), ids.dtype)])
+    rows = max(chunk_rows or 0, row_bucket(len(chunk)))
+    ids = np.concatenate([ids, np.zeros((rows - len(chunk), ids.shape[1]), ids.dtype)])
     out[chunk, :ids.shape[1]] = np.asarray(_logprobs(graphdef, params, ids, head_chunk_rows))[:len(chunk)]
   return out
 
@@ -165,9 +168,10 @@ def row_bucket(rows: int, multiple: int = 1) -> int:
 
 def ppo_updates(trainer: trainer_lib.Trainer, batch: dict[str, np.ndarray], buckets: Sequence[int], *,
                 epochs: int, num_minibatches: int, rng: np.random.Generator,
-                minibatch_order: str = "random") -> list[dict[str, jax.Array]]:
+                minibatch_order: str = "random", minibatch_rows: int | None = None) -> list[dict[str, jax.Array]]:
   """`epochs` passes over the batch's rows in `num_minibatches` minibatches, each cut to its longest bucket and
-  padded with zero-mask rows to `row_bucket` (a power of two times `minibatch_multiple(trainer)`: few programs).
+  padded with zero-mask rows to `minibatch_rows` (default: `row_bucket` of its own rows, a power of two times
+  `minibatch_multiple(trainer)`: few programs).
 
   minibatch_order: "random" draws each pass's minibatches as a random partition of the rows (PPO's usual);
   "length" groups rows of similar length (sorted by length, ties broken at random) into the minibatches and runs
@@ -179,6 +183,8 @@ def ppo_updates(trainer: trainer_lib.Trainer, batch: dict[str, np.ndarray], buck
     raise ValueError(f"minibatch_order must be 'random' or 'length', got {minibatch_order!r}")
   rows = batch["input_ids"].shape[0]
   multiple = minibatch_multiple(trainer)
+  if minibatch_rows is not None and minibatch_rows % multiple:
+    raise ValueError(f"minibatch_rows {minibatch_rows} must be a multiple of {multiple} (devices x microbatches)")
   metrics = []
   for _ in range(epochs):
     order = rng.permutation(rows)
@@ -189,8 +195,34 @@ def ppo_updates(trainer: trainer_lib.Trainer, batch: dict[str, np.ndarray], buck
       minibatches = [minibatches[i] for i in rng.permutation(len(minibatches))]
     for minibatch in minibatches:
       cut = batching.take_rows(batch, minibatch, buckets, keys=RL_KEYS)
-      metrics.append(trainer.train_step(batching.pad_rows(cut, row_bucket(len(minibatch), multiple))))
+      padded_rows = max(minibatch_rows or 0, row_bucket(len(minibatch), multiple))
+      metrics.append(trainer.train_step(batching.pad_rows(cut, padded_rows)))
   return metrics
+
+
+def update_rows(max_rows: int, num_minibatches: int, multiple: int = 1) -> int:
+  """The rows every scoring chunk and update of a step is padded to when a step has at most `max_rows` rows:
+  `row_bucket` of the largest minibatch. One row count whatever a step keeps (lone groups and failed episodes
+  leave), so the programs compiled in the first step serve every later one."""
+  return row_bucket(-(-max_rows // num_minibatches), multiple)
+
+
+def precompile_updates(trainer: trainer_lib.Trainer, params: Sequence[nnx.State], buckets: Sequence[int], *,
+                       rows: int, head_chunk_rows: int | None = None) -> int:
+  """Compiles what `grpo_update` runs at every length bucket, for batches of `rows` rows: the log-probability
+  forward (run once on padding for each of `params`: behaviour and reference, one program when they share
+  dtypes and shardings) and the train step (ahead of time: the state is untouched). Returns the programs compiled
+  or run."""
+  empty = batching.make_batch([], 1, 0, 1)  # the dtypes of `batch_trajectories`' arrays
+  dtypes = {k: empty.get(k, empty["loss_mask"]).dtype for k in RL_KEYS}  # (old_logp, ref_logp: as loss_mask)
+  done = 0
+  for length in buckets:
+    ids = np.zeros((rows, length), dtypes["input_ids"])
+    for p in params:
+      jax.block_until_ready(_logprobs(trainer.graphdef, p, ids, head_chunk_rows))
+      done += 1
+    done += trainer.precompile_step({k: jax.ShapeDtypeStruct((rows, length), d) for k, d in dtypes.items()})
+  return done
 
 
 def minibatch_multiple(trainer: trainer_lib.Trainer) -> int:
@@ -210,10 +242,12 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
                 tokenizer: PreTrainedTokenizerBase, *, advantage_fn: advantages_lib.AdvantageFn,
                 buckets: Sequence[int], ppo_epochs: int, num_minibatches: int, rng: np.random.Generator,
                 head_chunk_rows: int | None = None, step: int = 0,
-                minibatch_order: str = "random") -> dict[str, Any]:
+                minibatch_order: str = "random", max_rows: int | None = None) -> dict[str, Any]:
   """Steps 4-6 of an RL step on its scored rollouts: per-turn advantages, the behaviour and reference
   log-probabilities, and the HET-PPO updates (`ppo_epochs * num_minibatches` of them; when no group has two
-  scored episodes, none, but the trainer's step still advances by that many). Returns the step's metrics."""
+  scored episodes, none, but the trainer's step still advances by that many). With `max_rows` (the most rollouts
+  a step can have), every scoring chunk and update is padded to `update_rows` of it: the same programs each step.
+  Returns the step's metrics."""
   trained, lone = with_peers(rollouts)
   row: dict[str, Any] = {"rollout/lone_groups": lone}
   if not trained:
@@ -225,14 +259,16 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   row.update({f"credit/{k}": v for k, v in credit.metrics.items()})
   row["time/credit_s"] = time.perf_counter() - started
   batch = batching.batch_trajectories(trained, tokenizer, buckets=buckets, advantages=per_turn, truncate=True)
+  rows = None if max_rows is None else update_rows(max_rows, num_minibatches, minibatch_multiple(trainer))
   for key, params in (("old_logp", trainer.state.params), ("ref_logp", ref_params)):
     started = time.perf_counter()
-    batch[key] = behaviour_logprobs(trainer.graphdef, params, batch, buckets, num_minibatches, head_chunk_rows)
+    batch[key] = behaviour_logprobs(trainer.graphdef, params, batch, buckets, num_minibatches, head_chunk_rows,
+                                    chunk_rows=rows)
     row[f"time/{key}_s"] = time.perf_counter() - started
   started = time.perf_counter()
   updates = ppo_updates(trainer, batch, buckets, epochs=ppo_epochs, num_minibatches=num_minibatches, rng=rng,
-                        minibatch_order=minibatch_order)
-  row.update(scalar_metrics(updates[-1]))  # (waits for the last update)
+                        minibatch_order=minibatch_order, minibatch_rows=rows)
+  row.update(mean_metrics(updates))  # the step's updates, averaged (waits for the last one)
   row["time/ppo_s"] = time.perf_counter() - started
   row["behaviour_logp_gap"] = float(np.sum((batch["old_logp"] - batch["logprobs"]) * batch["loss_mask"])
                                     / max(float(batch["loss_mask"].sum()), 1.0))
@@ -322,10 +358,15 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
       kept = ext.training_rollouts(step, kept, tokenizer)
     row.update(rollout_metrics(rolled, kept, buckets))
     started = time.perf_counter()
+    max_rows = tasks_per_step * group_size  # (a step with more rows pads them to their own power of two)
+    if len(precompiled) == 1:  # and the updates' programs at every length bucket (in its update time)
+      rows = update_rows(max_rows, num_minibatches, minibatch_multiple(trainer))
+      precompiled.append(precompile_updates(trainer, (trainer.state.params, ref_params), buckets, rows=rows,
+                                            head_chunk_rows=head_chunk_rows))
     row.update(grpo_update(trainer, ref_params, kept, tokenizer, advantage_fn=advantage_fn, buckets=buckets,
                            ppo_epochs=ppo_epochs, num_minibatches=num_minibatches,
                            rng=np.random.default_rng([seed, step + 1, 1]), head_chunk_rows=head_chunk_rows,
-                           step=step, minibatch_order=minibatch_order))
+                           step=step, minibatch_order=minibatch_order, max_rows=max_rows))
     row["time/update_s"] = time.perf_counter() - started  # advantages, old/reference logprobs, the PPO updates
     row["loss"] = row.get("loss", float("nan"))
     for ext in extensions:

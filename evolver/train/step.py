@@ -123,27 +123,48 @@ def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
   return TrainState(step=replicated, params=param_shardings, opt_state=opt, rng=replicated)
 
 
-def jit_train_step(graphdef: nnx.GraphDef, loss_fn: LossFn, optimizer: optax.GradientTransformation,
-                   mesh: Mesh, state_sharding: TrainState, *, num_microbatches: int = 1
-                   ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-  """`train_step` jitted once with explicit in/out shardings over `mesh` and the state donated."""
-  step = functools.partial(train_step, graphdef=graphdef, loss_fn=loss_fn, optimizer=optimizer,
-                           num_microbatches=num_microbatches)
-  replicated = NamedSharding(mesh, PartitionSpec())
+class TrainStepPrograms:
+  """`train_step` jitted with explicit in/out shardings over a mesh and the state donated: one program per batch
+  shape, compiled on its first call or ahead of time (`precompile`), so a loop that knows its shapes compiles
+  nothing after its first step. Call as `programs(state, batch) -> (new state, metrics)`."""
 
-  def batch_shardings(batch):
-    return {k: sharding.batch_sharding(mesh, v.ndim) for k, v in batch.items()}
+  def __init__(self, graphdef: nnx.GraphDef, loss_fn: LossFn, optimizer: optax.GradientTransformation,
+               mesh: Mesh, state_sharding: TrainState, *, num_microbatches: int = 1):
+    self._step = functools.partial(train_step, graphdef=graphdef, loss_fn=loss_fn, optimizer=optimizer,
+                                   num_microbatches=num_microbatches)
+    self._mesh, self._state_sharding = mesh, state_sharding
+    self._programs: dict[tuple, Any] = {}  # batch shapes -> a jitted function or an ahead-of-time executable
 
-  compiled = {}
+  @staticmethod
+  def _key(batch: Batch) -> tuple:
+    return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
 
-  def run(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-    key = tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
-    if key not in compiled:
-      def traced(s, b):
-        with sharding.activate(mesh):
-          return step(s, b)
-      compiled[key] = jax.jit(traced, in_shardings=(state_sharding, batch_shardings(batch)),
-                              out_shardings=(state_sharding, replicated), donate_argnums=0)
-    return compiled[key](state, batch)
+  def _jitted(self, batch: Batch):
+    mesh, step = self._mesh, self._step
 
-  return run
+    def traced(s, b):
+      with sharding.activate(mesh):
+        return step(s, b)
+
+    batch_shardings = {k: sharding.batch_sharding(mesh, len(v.shape)) for k, v in batch.items()}
+    return jax.jit(traced, in_shardings=(self._state_sharding, batch_shardings),
+                   out_shardings=(self._state_sharding, NamedSharding(mesh, PartitionSpec())), donate_argnums=0)
+
+  def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+    key = self._key(batch)
+    if key not in self._programs:
+      self._programs[key] = self._jitted(batch)
+    return self._programs[key](state, batch)
+
+  def precompile(self, state: TrainState, batch_spec: dict[str, jax.ShapeDtypeStruct]) -> bool:
+    """Compiles the step for batches of `batch_spec`'s shapes and dtypes now (nothing runs: the state, which a
+    step donates, is only read for its shapes). Returns False when that shape had its program already."""
+    key = self._key(batch_spec)
+    if key in self._programs:
+      return False
+    self._programs[key] = self._jitted(batch_spec).lower(state, batch_spec).compile()
+    return True
+
+  @property
+  def num_programs(self) -> int:
+    return len(self._programs)

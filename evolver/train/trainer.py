@@ -103,9 +103,8 @@ class Trainer:
     state = state_lib.create_train_state(cast_floats(params, jnp.float32), optimizer, seed)
     self.shardings = step_lib.state_shardings(state, self.mesh)
     self.state = jax.device_put(state, self.shardings)
-    self._step = step_lib.jit_train_step(self.graphdef, loss_fn, optimizer, self.mesh, self.shardings,
-                                         num_microbatches=self.config.num_microbatches,
-                                         )
+    self._step = step_lib.TrainStepPrograms(self.graphdef, loss_fn, optimizer, self.mesh, self.shardings,
+                                            num_microbatches=self.config.num_microbatches)
     self.checkpointer = ckpt_lib.Checkpointer(self.model_dir, max_to_keep=self.config.keep_checkpoints,
                                               async_save=self.config.async_checkpoint)
     self._best: ckpt_lib.Checkpointer | None = None
@@ -146,6 +145,11 @@ class Trainer:
                        f"batch size a multiple of {data_parallel} or change TrainerConfig.mesh_*")
     self.state, metrics = self._step(self.state, batch)
     return metrics
+
+  def precompile_step(self, batch_spec: dict[str, jax.ShapeDtypeStruct]) -> bool:
+    """Compiles the train step for batches shaped as `batch_spec` ahead of time (the state is untouched). Returns
+    False when that shape was compiled already."""
+    return self._step.precompile(self.state, batch_spec)
 
   def save(self, extra: dict[str, Any], *, state_files: ckpt_lib.StateFiles | None = None,
            force: bool = False) -> None:

@@ -39,7 +39,7 @@ def _worker_jax(ckpt: str, batch: int, seq: int, repeats: int) -> dict:
   state = state_lib.create_train_state(params, opt, seed=0)
   shardings = step_lib.state_shardings(state, mesh)
   state = jax.device_put(state, shardings)
-  step = step_lib.jit_train_step(graphdef, step_lib.sft_loss_fn, opt, mesh, shardings)
+  step = step_lib.TrainStepPrograms(graphdef, step_lib.sft_loss_fn, opt, mesh, shardings)
   ids, mask = _batch(batch, seq, model.config.vocab_size)
   data = {"input_ids": ids, "loss_mask": mask}
   holder = {"state": state}

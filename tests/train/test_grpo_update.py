@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from evolver import runtime
 from evolver.data import batching
 from evolver.models import ModelConfig, make_model
 from evolver.models.tokenizer import load_tokenizer
@@ -96,10 +97,12 @@ def step_rollouts():
   return tokenizer, model, rollouts
 
 
-def grpo_update(config, rollouts, tokenizer, tmp_path, *, devices, num_microbatches, lr=1e-3):
+def grpo_update(config, rollouts, tokenizer, tmp_path, *, devices, num_microbatches, lr=1e-3, max_rows=None,
+                precompile=False):
   """One `rl.grpo_update` from a fresh model of `config` (bf16 starts from the float32 values rounded); returns
   (row, param deltas, step). Not the rollouts' tiny policy: its 30x-scaled head makes logits of ~100, where bf16's
-  8-bit mantissa alone moves a log-probability by ~0.4."""
+  8-bit mantissa alone moves a log-probability by ~0.4. With `precompile`, the update's programs are compiled
+  first for `max_rows` rows (the state must not change), and the update itself must then compile none."""
   model = make_model(config, seed=0)
   trainer = Trainer(str(tmp_path), model, optimizer_lib.make_optimizer(10, learning_rate=lr, warmup_steps=0,
                                                                        decay="constant"),
@@ -107,9 +110,21 @@ def grpo_update(config, rollouts, tokenizer, tmp_path, *, devices, num_microbatc
                     config=TrainerConfig(async_checkpoint=False, num_microbatches=num_microbatches),
                     devices=devices)
   before = jax.tree.map(lambda x: np.asarray(x, np.float64), trainer.state.params)
-  row = rl.grpo_update(trainer, trainer.policy_params(), rollouts, tokenizer,
+  ref_params = trainer.policy_params()
+  log = runtime.compile_log()
+  if precompile:
+    rows = rl.update_rows(max_rows, 2, rl.minibatch_multiple(trainer))
+    assert rl.precompile_updates(trainer, (trainer.state.params, ref_params), (512, 1024), rows=rows) == 2 * 2 + 2
+    assert int(trainer.state.step) == 0
+    for a, b in zip(jax.tree.leaves(trainer.state.params), jax.tree.leaves(before)):
+      np.testing.assert_array_equal(np.asarray(a, np.float64), b)
+  mark = log.mark()
+  row = rl.grpo_update(trainer, ref_params, rollouts, tokenizer,
                        advantage_fn=advantages.grpo_turn_advantages, buckets=(512, 1024), ppo_epochs=1,
-                       num_minibatches=2, rng=np.random.default_rng(0))
+                       num_minibatches=2, rng=np.random.default_rng(0), max_rows=max_rows)
+  if precompile:
+    compiled = [e.fun_name for e in log.since(mark) if "traced" in e.fun_name or "_logprobs" in e.fun_name]
+    assert not compiled, f"the update compiled {compiled} after its programs were precompiled"
   after = jax.tree.map(lambda x: np.asarray(x, np.float64), trainer.state.params)
   step = trainer.step
   trainer.close()
@@ -135,6 +150,23 @@ def test_a_grpo_step_on_8_devices_in_bf16_with_microbatches_equals_1_device_floa
   d1 = np.concatenate([x.ravel() for x in jax.tree.leaves(one_delta)])
   d8 = np.concatenate([x.ravel() for x in jax.tree.leaves(eight_delta)])
   assert np.linalg.norm(d8 - d1) / np.linalg.norm(d1) < 0.15
+
+
+def test_precompiled_updates_compile_nothing_and_pad_rows_without_changing_the_update(step_rollouts, tmp_path):
+  # 5 rollouts in 2 minibatches of 3 and 2 rows: padded to 4 and 2 rows by default, to 4 and 4 with max_rows = 8
+  # (`update_rows`: the rows of the largest minibatch a step of 8 rows could have), zero-mask rows that change
+  # nothing but float summation order.
+  tokenizer, model, rollouts = step_rollouts
+  assert rl.update_rows(8, 2) == 4 and rl.update_rows(32, 4, 8) == 8 and rl.update_rows(9, 2, 1) == 8
+  plain, plain_delta, _ = grpo_update(model.config, rollouts, tokenizer, tmp_path / "plain",
+                                      devices=jax.devices()[:1], num_microbatches=1)
+  fixed, fixed_delta, step = grpo_update(model.config, rollouts, tokenizer, tmp_path / "fixed",
+                                         devices=jax.devices()[:1], num_microbatches=1, max_rows=8, precompile=True)
+  assert step == 2
+  for key in ("loss", "pg_loss", "kl_ref", "num_tokens"):
+    np.testing.assert_allclose(fixed[key], plain[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  for a, b in zip(jax.tree.leaves(fixed_delta), jax.tree.leaves(plain_delta)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-8)
 
 
 def test_update_batches_split_over_devices_and_microbatches(tmp_path):

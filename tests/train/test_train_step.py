@@ -35,8 +35,8 @@ def run_steps(mesh, n=3, num_microbatches=1):
   graphdef, opt, state = fresh_state()
   shardings = step_lib.state_shardings(state, mesh)
   state = jax.device_put(state, shardings)
-  step = step_lib.jit_train_step(graphdef, step_lib.sft_loss_fn, opt, mesh, shardings,
-                                 num_microbatches=num_microbatches)
+  step = step_lib.TrainStepPrograms(graphdef, step_lib.sft_loss_fn, opt, mesh, shardings,
+                                    num_microbatches=num_microbatches)
   history = []
   for i in range(n):
     state, metrics = step(state, make_batch(i))
@@ -44,11 +44,35 @@ def run_steps(mesh, n=3, num_microbatches=1):
   return state, history
 
 
+def test_a_step_compiled_ahead_of_time_runs_as_the_one_compiled_on_first_call():
+  mesh = sharding.make_mesh(devices=jax.devices()[:1])
+  graphdef, opt, state = fresh_state()
+  shardings = step_lib.state_shardings(state, mesh)
+  lazy, ahead = (step_lib.TrainStepPrograms(graphdef, step_lib.sft_loss_fn, opt, mesh, shardings) for _ in "ab")
+  batch = make_batch(0)
+  spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
+  state_a = jax.device_put(state, shardings)
+  before = jax.tree.map(np.asarray, state_a.params)
+  assert ahead.precompile(state_a, spec) and not ahead.precompile(state_a, spec)  # the second: compiled already
+  assert ahead.num_programs == 1 and not any(x.is_deleted() for x in jax.tree.leaves(state_a))  # nothing ran
+  for a, b in zip(jax.tree.leaves(state_a.params), jax.tree.leaves(before)):
+    np.testing.assert_array_equal(np.asarray(a), b)
+  state_a, metrics_a = ahead(state_a, batch)
+  state_b, metrics_b = lazy(jax.device_put(fresh_state()[2], shardings), batch)  # (a's donation took `state`)
+  assert float(metrics_a["loss"]) == float(metrics_b["loss"])
+  for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(TypeError):  # an executable serves its own shapes only; other shapes get their own program
+    ahead._programs[ahead._key(spec)](state_a, make_batch(1, length=8))
+  state_a, _ = ahead(state_a, make_batch(1, length=8))
+  assert ahead.num_programs == 2 and int(state_a.step) == 2
+
+
 def test_loss_falls_on_a_repeated_batch():
   mesh = sharding.make_mesh(devices=jax.devices()[:1])
   graphdef, opt, state = fresh_state()
   shardings = step_lib.state_shardings(state, mesh)
-  step = step_lib.jit_train_step(graphdef, step_lib.sft_loss_fn, opt, mesh, shardings)
+  step = step_lib.TrainStepPrograms(graphdef, step_lib.sft_loss_fn, opt, mesh, shardings)
   state = jax.device_put(state, shardings)
   losses = []
   for _ in range(15):
@@ -122,7 +146,7 @@ def test_step_learns_to_copy_through_attention():
   state = state_lib.create_train_state(params, opt, seed=0)
   mesh = sharding.make_mesh(devices=jax.devices()[:1])
   shardings = step_lib.state_shardings(state, mesh)
-  step = step_lib.jit_train_step(graphdef, step_lib.sft_loss_fn, opt, mesh, shardings)
+  step = step_lib.TrainStepPrograms(graphdef, step_lib.sft_loss_fn, opt, mesh, shardings)
   state = jax.device_put(state, shardings)
   rng = np.random.default_rng(0)
   n, sep = 8, 1
