@@ -101,6 +101,28 @@ def release_compiled_programs(fraction: float = 0.5, *, min_interval_s: float = 
   return True
 
 
+def return_free_memory() -> bool:
+  """Hands the C heap's free memory back to the kernel (glibc's `malloc_trim(0)`); returns False where there is no
+  glibc. XLA's compilations allocate and free a lot on the C heap, and glibc keeps what was freed: after the RL
+  step's programs were compiled (75 sampler programs, tiny default) the process held 1.29 GB, 0.65 GB after a
+  trim, with every program still compiled."""
+  global _libc
+  if _libc is None:
+    try:
+      import ctypes  # pylint: disable=import-outside-toplevel
+      _libc = ctypes.CDLL("libc.so.6")
+      _libc.malloc_trim  # pylint: disable=pointless-statement
+    except (OSError, AttributeError):
+      _libc = False
+  if not _libc:
+    return False
+  _libc.malloc_trim(0)
+  return True
+
+
+_libc = None
+
+
 def compilation_cache_dir() -> str:
   """Where JAX's persistent compilation cache lives: `$JAX_COMPILATION_CACHE_DIR`, else `$EVOLVER_CACHE_DIR/jax`,
   else `~/.cache/evolver/jax` (an empty variable counts as unset)."""

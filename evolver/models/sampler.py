@@ -352,6 +352,16 @@ DEFAULT_MAX_LENGTH = 4096
 # size is programs to compile (decode, and the gather and scatter from and to each larger batch).
 _MIN_COMPACT_ROWS = 8
 
+# Turns begun together (`begin_turns`) run in a sub-batch of at least this many rows (fewer when the slots have
+# fewer): every sub-batch size is programs to compile at each chunk width, and the continuous schedule begins a
+# few rows at a time (an eighth of those in play), so padding a lone row to 4 costs little.
+_MIN_BEGIN_ROWS = 4
+
+
+def _begin_rows(n: int, batch: int) -> int:
+  """The sub-batch that begins turns on `n` of `batch` slots (`batch` a power of two)."""
+  return min(max(_batch_bucket(n), _MIN_BEGIN_ROWS), batch)
+
 
 def _gather_rows(state: _LoopState, rows: jax.Array, live: jax.Array) -> _LoopState:
   """The decode state of rows `rows` `[R]` int32 of `state` (a smaller batch); entries with `live` False are
@@ -386,13 +396,14 @@ class Sampler:
   out2 = sampler.generate([[6, 7], [8]], params, session=out.session)   # next turn, only new tokens prefilled
   """
 
-  def __init__(self, model: Decoder, *, attention_block: int = 128, chunk_bucket: int = 16,
+  def __init__(self, model: Decoder, *, attention_block: int = 256, chunk_bucket: int = 16,
                max_length: int | None = None, prefill_piece: int = 64, compact_decode: bool = True):
     """
     Args:
       attention_block: attention reads the cache this many slots at a time, as far as the longest row reaches
-        (a step costs at most a block more than the rows hold). 128 and 256 measured alike, 512 slower (a decode
-        step of 32 rows of 300-700 tokens, 4 layers, CPU).
+        (a step costs at most a block more than the rows hold). One layer's decode attention, 16 rows, tiny
+        default's heads, CPU: 1.31 / 1.24 / 1.89 ms at 600 slots and 4.6 / 3.8 / 4.9 ms at 2,500 slots for blocks
+        of 128 / 256 / 512.
       chunk_bucket: new-token chunks are padded to a multiple of this (few prefill programs).
       max_length: the most tokens a row may hold (default: the model's max positions, at most
         DEFAULT_MAX_LENGTH). Every session's cache has this many slots (rounded up to a whole block) per row
@@ -769,11 +780,11 @@ class Sampler:
     static, knobs = _split_params(slots.sampling)
     state = slots.state
     started, mark = time.perf_counter(), self._compiles.mark()
-    sub = _batch_bucket(len(rows))
+    sub = _begin_rows(len(rows), batch)
     row_ids = np.full(sub, batch, np.int32)  # padding entries (>= batch) write nothing
     row_ids[:len(rows)] = rows
     if new_rows:
-      reset = np.full(_batch_bucket(len(new_rows)), batch, np.int32)
+      reset = np.full(_begin_rows(len(new_rows), batch), batch, np.int32)
       reset[:len(new_rows)] = list(new_rows)
       state = dataclasses.replace(state, cache=self._reset_rows(state.cache, reset))
     lengths = np.asarray(state.cache.lengths)[rows] + np.array([len(c) for c in new_tokens])
@@ -795,7 +806,7 @@ class Sampler:
       has = np.flatnonzero(valid[:, piece].any(axis=1))
       if not len(has):
         continue
-      ids = np.full(_batch_bucket(len(has)), batch, np.int32)
+      ids = np.full(_begin_rows(len(has), batch), batch, np.int32)
       ids[:len(has)] = row_ids[has]
       take = np.zeros(len(ids), np.int64)
       take[:len(has)] = has
@@ -881,9 +892,9 @@ class Sampler:
   def precompile_slots(self, rows: int, sampling: SamplingParams, *, min_rows: int = _MIN_COMPACT_ROWS,
                        repack_fraction: int = 4) -> int:
     """Compiles every program continuous batching of `rows` rows with `sampling` can run, by running each once on
-    empty rows (padding: nothing is written): for each of `slot_batches`, its empty state, beginning turns on each
-    power of two of its rows at each chunk width (with the keys' fold-in when sampling, and the leading pieces of
-    long chunks), emptying rows, decoding, and repacking into each smaller batch. Afterwards no turn, however long
+    empty rows (padding: nothing is written): the keys' fold-in for each power of two of rows (when sampling); for
+    each of `slot_batches`, its empty state, beginning turns in each sub-batch size (`_begin_rows`) at each chunk
+    width (and the leading pieces of long chunks), emptying rows, decoding, and repacking into each smaller batch. Afterwards no turn, however long
     its conversations, compiles anything. Returns the programs run (each compiled unless it had been before)."""
     static, knobs = _split_params(sampling)
     params = self.params
@@ -892,15 +903,16 @@ class Sampler:
     width = _round_up(sampling.max_new_tokens, 32)
     sizes = self.slot_batches(rows, min_rows=min_rows, repack_fraction=repack_fraction)
     ran = 0
+    if not static.greedy:  # the engine folds each row's turn into its key, a power of two of rows at a time
+      for sub in (1 << i for i in range(sizes[0].bit_length())):
+        _fold_in_rows(np.zeros((sub, *key_shape), np.uint32), np.zeros(sub, np.uint32))
+        ran += 1
     for size in sizes:
       state = self._empty_slots(size, width)
       ran += 1
-      for sub in (1 << i for i in range(size.bit_length())):
+      for sub in sorted({_begin_rows(1 << i, size) for i in range(size.bit_length())}):
         ids = np.full(sub, size, np.int32)  # every entry padding
         keys = np.zeros((sub, *key_shape), np.uint32)
-        if not static.greedy:  # the engine folds each row's turn into its key, `sub` rows at a time
-          _fold_in_rows(keys, np.zeros(sub, np.uint32))
-          ran += 1
         for chunk_width in widths:
           state = self._begin(params, state, ids, np.zeros((sub, chunk_width), np.int32),
                               np.zeros((sub, chunk_width), bool), keys, knobs, static=static)
@@ -914,4 +926,5 @@ class Sampler:
         self._repack(state, np.zeros(smaller, np.int32), np.zeros(smaller, bool))
         ran += 1
       jax.block_until_ready(state)
+    runtime.return_free_memory()  # (what compiling them freed)
     return ran

@@ -234,6 +234,7 @@ class Loop:
           row["val/best_success"] = self.best_val
         if at_segment_end and at_end is not None:
           at_end(results)
+        runtime.return_free_memory()  # what the step's compilations and batches freed (the row's rss follows it)
         row.update(step_resources(compiles.since(mark)))
         if step == first or at_segment_end or results is not None or local % every_log == 0:
           self.writer.write(step, row)

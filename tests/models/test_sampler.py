@@ -421,9 +421,10 @@ def test_precompiling_the_slot_programs_leaves_nothing_to_compile(flat_model):
   assert s.slot_batches(5, min_rows=2, repack_fraction=2) == [8, 4, 2]
   assert s.slot_batches(64) == [64, 16, 8] and s.slot_batches(16) == [16, 8] and s.slot_batches(3) == [4]
   compiled = s.precompile_slots(5, params, min_rows=2, repack_fraction=2)
-  # Per batch: its empty state; per power of two of its rows: the keys' fold-in, a begin at each of the 2 chunk
-  # widths, a leading piece, an emptying; one decode; a repack into each smaller batch.
-  assert compiled == (1 + 4 * 5 + 1 + 2) + (1 + 3 * 5 + 1 + 1) + (1 + 2 * 5 + 1)
+  # The keys' fold-in for 1, 2, 4 and 8 rows; per batch: its empty state; per sub-batch that begins turns (at least
+  # 4 rows, or the batch: {4, 8}, {4}, {2}) a begin at each of the 2 chunk widths, a leading piece, an emptying;
+  # one decode; a repack into each smaller batch.
+  assert compiled == 4 + (1 + 2 * 4 + 1 + 2) + (1 + 1 * 4 + 1 + 1) + (1 + 1 * 4 + 1)
   assert s.precompile_slots(5, params, min_rows=2, repack_fraction=2) == compiled  # the same programs again
   before = dataclasses.replace(s.stats)
   s.precompile_slots(5, params, min_rows=2, repack_fraction=2)
