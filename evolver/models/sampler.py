@@ -744,8 +744,18 @@ class Sampler:
     if len(sampling.stop_ids) > MAX_STOP_IDS:
       raise ValueError(f"at most {MAX_STOP_IDS} stop ids, got {len(sampling.stop_ids)}")
     batch = _batch_bucket(rows)
-    state = self._empty_slots(batch, _round_up(sampling.max_new_tokens, 32))
+    state = self._new_slot_state(batch, _round_up(sampling.max_new_tokens, 32))
     return Slots(state=state, sampling=sampling, open=np.zeros(batch, bool))
+
+  def _new_slot_state(self, batch: int, width: int) -> "_SlotState":
+    """Empty slots placed as the weights are (replicated over their mesh, when they have one): the outputs of
+    every program that reads the weights are, and a cache placed otherwise would be a different input type to
+    each slot program (compiled again for it: the first turn's prefill after `precompile_slots`)."""
+    state = self._empty_slots(batch, width)
+    weights = getattr(jax.tree.leaves(self.params)[0], "sharding", None)
+    if isinstance(weights, jax.sharding.NamedSharding):
+      state = jax.device_put(state, jax.sharding.NamedSharding(weights.mesh, jax.sharding.PartitionSpec()))
+    return state
 
   def _empty_slots_impl(self, batch: int, width: int) -> _SlotState:
     return _SlotState(cache=init_cache(self.config, batch, self.capacity), last_token=jnp.zeros(batch, jnp.int32),
@@ -908,7 +918,7 @@ class Sampler:
         _fold_in_rows(np.zeros((sub, *key_shape), np.uint32), np.zeros(sub, np.uint32))
         ran += 1
     for size in sizes:
-      state = self._empty_slots(size, width)
+      state = self._new_slot_state(size, width)
       ran += 1
       for sub in sorted({_begin_rows(1 << i, size) for i in range(size.bit_length())}):
         ids = np.full(sub, size, np.int32)  # every entry padding

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from evolver.models import ModelConfig, make_model
+from evolver.models import ModelConfig, make_model, sharding
 from evolver.models.sampler import Sampler, SamplingParams, filter_logits, fold_in_rows, row_key_data
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
@@ -413,10 +413,14 @@ def test_continuous_batching_refuses_bad_calls_and_reuses_a_row_for_a_new_conver
   assert finished[0].tokens == greedy_reference(model, PROMPTS[1], len(finished[0].tokens))[0]
 
 
-def test_precompiling_the_slot_programs_leaves_nothing_to_compile(flat_model):
+@pytest.mark.parametrize("on_mesh", [False, True])
+def test_precompiling_the_slot_programs_leaves_nothing_to_compile(flat_model, on_mesh):
   """After `precompile_slots`, continuous batching of that many rows (turns begun on any number of rows at any
-  chunk width, long chunks in pieces, rows emptied, repacked) compiles nothing, sampled or greedy as precompiled."""
+  chunk width, long chunks in pieces, rows emptied, repacked) compiles nothing, sampled or greedy as precompiled;
+  also with weights placed on a mesh, as an RL loop's sampler has them (`Trainer.policy_params`)."""
   s = Sampler(flat_model, attention_block=16, chunk_bucket=8, prefill_piece=16, max_length=128)
+  if on_mesh:
+    s.update_params(sharding.place(s.params, sharding.make_mesh(devices=jax.devices()[:1]))[0])
   params = SamplingParams(max_new_tokens=10, temperature=1.0, stop_ids=(STOP, 9, 17))
   assert s.slot_batches(5, min_rows=2, repack_fraction=2) == [8, 4, 2]
   assert s.slot_batches(64) == [64, 16, 8] and s.slot_batches(16) == [16, 8] and s.slot_batches(3) == [4]
