@@ -40,6 +40,7 @@ import numpy as np
 from flax import nnx
 from transformers import PreTrainedTokenizerBase
 
+from evolver import runtime
 from evolver.data import batching
 from evolver.models import tokenizer as tokenizer_lib
 from evolver.models.decoder import Decoder
@@ -222,6 +223,7 @@ def precompile_updates(trainer: trainer_lib.Trainer, params: Sequence[nnx.State]
       jax.block_until_ready(_logprobs(trainer.graphdef, p, ids, head_chunk_rows))
       done += 1
     done += trainer.precompile_step({k: jax.ShapeDtypeStruct((rows, length), d) for k, d in dtypes.items()})
+  runtime.return_free_memory()  # (what compiling them freed)
   return done
 
 

@@ -148,7 +148,10 @@ def test_grpo_runs_from_a_bc_checkpoint_and_resumes(tmp_path):
     assert 0 < parts <= r["time/rollout_s"] and r["time/env_s"] > 0
     assert 0 < r["rollout/floor_s"] <= r["time/decode_s"] and 0 <= r["rollout/idle_row_fraction"] < 1
     assert r["memory/peak_rss_gb"] >= r["memory/rss_gb"] > 0
-  assert rows[0]["compile/compiles"] > 0 and rows[0]["time/rollout_compile_s"] > 0
+  # The first step compiles every program (the sampler's before its episodes run, so the rollout itself compiles
+  # nothing); the second compiles none.
+  assert rows[0]["compile/compiles"] > 0 and rows[0]["time/rollout_compile_s"] == 0
+  assert rows[1]["compile/compiles"] == 0, rows[1]
   assert all(r["time/old_logp_s"] > 0 and r["time/ref_logp_s"] > 0 and r["time/ppo_s"] > 0 for r in trained)
   # The recomputed behaviour log-probs match the sampler's (same weights, same tokens).
   assert all(abs(r["behaviour_logp_gap"]) < 1e-3 for r in trained)
