@@ -904,8 +904,8 @@ class Sampler:
     """Compiles every program continuous batching of `rows` rows with `sampling` can run, by running each once on
     empty rows (padding: nothing is written): the keys' fold-in for each power of two of rows (when sampling); for
     each of `slot_batches`, its empty state, beginning turns in each sub-batch size (`_begin_rows`) at each chunk
-    width (and the leading pieces of long chunks), emptying rows, decoding, and repacking into each smaller batch. Afterwards no turn, however long
-    its conversations, compiles anything. Returns the programs run (each compiled unless it had been before)."""
+    width (and the leading pieces of long chunks), emptying rows, decoding, and repacking into each smaller
+    batch. Afterwards no turn, however long its conversations, compiles anything. Returns the programs run (each compiled unless it had been before)."""
     static, knobs = _split_params(sampling)
     params = self.params
     key_shape = self._key_shape

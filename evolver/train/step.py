@@ -137,7 +137,8 @@ class TrainStepPrograms:
 
   @staticmethod
   def _key(batch: Batch) -> tuple:
-    return tuple(sorted((k, tuple(v.shape)) for k, v in batch.items()))
+    # (dtypes too: an ahead-of-time executable refuses any other input type than its own)
+    return tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in batch.items()))
 
   def _jitted(self, batch: Batch):
     mesh, step = self._mesh, self._step
