@@ -216,29 +216,38 @@ def parse_agenttraj(data: Any, source: str = "<data>", *, skip_empty: bool = Fal
   return trajectories
 
 
+def loads_agenttraj(data: bytes | str, source: str = "<data>", *, skip_empty: bool = False) -> list[Trajectory]:
+  """All trajectories of an AgentTraj file's contents (UTF-8 bytes or text); `source` names it in errors."""
+  try:
+    items = json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+  except json.JSONDecodeError as error:
+    raise _file_error(source, f"not valid JSON: {error}") from error
+  except UnicodeDecodeError as error:
+    raise _file_error(source, f"not UTF-8 text: {error}") from error
+  return parse_agenttraj(items, source, skip_empty=skip_empty)
+
+
+def dumps_agenttraj(trajectories: Iterable[Trajectory]) -> str:
+  """An AgentTraj file's text (unicode unescaped, one space of indent, a final newline)."""
+  return json.dumps([trajectory_to_item(t) for t in trajectories], ensure_ascii=False, indent=1) + "\n"
+
+
 def read_agenttraj(path: str | os.PathLike, *, skip_empty: bool = False) -> list[Trajectory]:
   """All trajectories of an AgentTraj JSON file (UTF-8)."""
   path = os.fspath(path)
-  try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
-  except json.JSONDecodeError as error:
-    raise _file_error(path, f"not valid JSON: {error}") from error
-  except UnicodeDecodeError as error:
-    raise _file_error(path, f"not UTF-8 text: {error}") from error
-  return parse_agenttraj(data, path, skip_empty=skip_empty)
+  with open(path, "rb") as f:
+    return loads_agenttraj(f.read(), path, skip_empty=skip_empty)
 
 
 def write_agenttraj(path: str | os.PathLike, trajectories: Iterable[Trajectory]) -> None:
   """Writes an AgentTraj JSON file (UTF-8, unicode unescaped) atomically: a reader never sees half a file."""
   path = os.fspath(path)
-  items = [trajectory_to_item(t) for t in trajectories]
+  text = dumps_agenttraj(trajectories)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   temporary = f"{path}.tmp{os.getpid()}"
   try:
     with open(temporary, "w", encoding="utf-8") as f:
-      json.dump(items, f, ensure_ascii=False, indent=1)
-      f.write("\n")
+      f.write(text)
     os.replace(temporary, path)
   finally:
     if os.path.exists(temporary):

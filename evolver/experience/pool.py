@@ -182,6 +182,12 @@ class ExperiencePool:
       self.reload()
     return moved
 
+  def restore(self, image: bytes) -> None:
+    """The workspace replaced by a `Workspace.snapshot` image (what a checkpoint kept), index rebuilt."""
+    with self._lock:
+      self.workspace.restore(image)
+      self.reload()
+
   def reload(self) -> None:
     """Rebuilds the index from the store (after a restart, a rewind or another process's writes)."""
     with self._lock:

@@ -2,7 +2,9 @@
 
 Layout: `root/<workspace_id>/experience.sqlite3` (plus SQLite's `-wal` and `-shm` files). A workspace id is checked
 with `check_workspace_id` before anything touches the filesystem, so a refused id (`../x`, `a/b`, `/abs`) creates
-nothing.
+nothing. `root` is a local directory (SQLite needs real local files); what leaves the machine is a workspace's
+`snapshot`, one consistent image of its database, which an RL checkpoint keeps (`evolver.train.experience`) and
+`restore` puts back.
 
 Durability and concurrency:
   * `journal_mode=WAL`: readers never block the writer and see a consistent snapshot; a process killed at any
@@ -430,6 +432,37 @@ class Workspace:
       if moved or later or restored or undone:
         self._changed(conn, content=bool(moved or later or restored))
     return moved
+
+  # ----------------------------------------------------------------------------------------------------------
+  # Snapshots (the whole database: what a checkpoint keeps).
+  # ----------------------------------------------------------------------------------------------------------
+
+  def snapshot(self) -> bytes:
+    """The whole database as one consistent image: live records, their history, set-aside records, bumps and the
+    embedding cache (`restore` puts it back, in this workspace or a new one)."""
+    with self._lock:
+      image = bytearray(self._conn.serialize())
+    image[18:20] = b"\x01\x01"  # the rollback-journal file format: the image opens in memory (WAL needs a file)
+    return bytes(image)
+
+  def restore(self, image: bytes) -> None:
+    """Makes the database exactly `image` (`snapshot`), in one step under SQLite's write lock. The image is checked
+    first: one that is not a workspace database of this schema raises ExperienceError and changes nothing."""
+    source = sqlite3.connect(":memory:")
+    try:
+      try:
+        source.deserialize(image)
+        schema = source.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+      except sqlite3.DatabaseError as e:
+        raise ExperienceError(f"workspace {self.id!r}: the image to restore is not a workspace database ({e})") from e
+      if schema is None or schema[0] != SCHEMA_VERSION:
+        raise ExperienceError(f"workspace {self.id!r}: the image to restore has schema {schema and schema[0]}; this "
+                              f"code reads {SCHEMA_VERSION}")
+      with self._lock:
+        self._retry_busy(lambda: source.backup(self._conn))
+        self.last_content_change = None
+    finally:
+      source.close()
 
   # ----------------------------------------------------------------------------------------------------------
   # ReMe 0.2 JSONL libraries.

@@ -86,6 +86,7 @@ import jax
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from evolver import distributed
 from evolver import envs as envs_lib
 from evolver.data.chat import end_of_turn_ids
 from evolver.data.trajectory import Message, Trajectory
@@ -181,7 +182,10 @@ class RolloutConfig:
   later turns decode fewer rows, at the price of a program per batch size); False keeps the batch's shape, the
   ended episodes' rows taking no part (fewer programs to compile, more rows per decode step).
   schedule: "continuous" | "turns" (module docstring); reuse_cache=False always runs "turns".
-  Episodes are the same whatever the schedule, the batch and its compaction.
+  across_processes: in a multi-process run (`evolver.distributed`), each process rolls out its share of the
+  task groups on its own envs and every process gets all the trajectories back; False: each process rolls out
+  all of them itself. No effect with one process.
+  Episodes are the same whatever the schedule, the batch and its compaction, and the number of processes.
   """
 
   max_new_tokens: int = 128
@@ -199,6 +203,7 @@ class RolloutConfig:
   record_measures: bool = False
   compact_rows: bool = True
   schedule: str = "continuous"
+  across_processes: bool = True
 
   def __post_init__(self):
     if self.num_samples < 1:
@@ -297,6 +302,13 @@ class RolloutStats:
     self.decode_steps += work.decode_steps
     self.decode_row_steps += work.decode_row_steps
     self.decode_live_row_steps += work.decode_live_row_steps
+
+  @classmethod
+  def combined(cls, parts: Sequence["RolloutStats"]) -> "RolloutStats":
+    """The processes' stats of one multi-process run as one: counts summed, seconds the longest (the run waits
+    for its slowest process)."""
+    return cls(**{f.name: (max if isinstance(f.default, float) else sum)(getattr(p, f.name) for p in parts)
+                  for f in dataclasses.fields(cls)})
 
   def as_dict(self) -> dict[str, float]:
     out = dataclasses.asdict(self)
@@ -489,6 +501,8 @@ class RolloutEngine:
     programs compiled (0 for the turns schedule, whose programs depend on what the episodes do)."""
     if config.schedule != "continuous" or not config.reuse_cache:
       return 0
+    if config.across_processes:
+      tasks = len(distributed.own_groups(tasks))  # this process's share
     params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                             top_k=config.top_k, top_p=config.top_p, stop_ids=self.stop_ids)
     return self.sampler.precompile_slots(min(config.batch_size, tasks * config.num_samples), params,
@@ -510,7 +524,8 @@ class RolloutEngine:
 
     Returns:
       The trajectories in task order (a task's samples together, `group` = the task's position in `tasks`) and
-      the run's counters.
+      the run's counters. In a multi-process run (`config.across_processes`), every process returns every
+      trajectory, and the processes' counters summed (`RolloutStats.combined`).
 
     Raises:
       TypeError: a spec task's env has no `reset_spec`.
@@ -539,7 +554,11 @@ class RolloutEngine:
     if config.temperature > 0:  # greedy draws nothing
       keys = list(episode_keys(config.seed, [t for t, _, _, _ in specs], [o for _, _, o, _ in specs],
                                [s for _, _, _, s in specs]))
-    episodes = [_Episode(task=t, group=g, sample=s, key=k) for (t, g, _, s), k in zip(specs, keys)]
+    own = None  # this process's groups, in a multi-process run
+    if config.across_processes and distributed.process_count() > 1:
+      own = set(distributed.own_groups(len(tasks)))
+    episodes = [_Episode(task=t, group=g, sample=s, key=k) for (t, g, _, s), k in zip(specs, keys)
+                if own is None or g in own]
     out: list[Rollout] = []
     for first in range(0, len(episodes), config.batch_size):
       chunk = episodes[first:first + config.batch_size]
@@ -551,6 +570,10 @@ class RolloutEngine:
     stats.episodes = len(out)
     stats.failed = sum(t.failed for t in out)
     stats.add_sampler_stats(self.sampler.stats.minus(sampler_before))
+    if own is not None:  # every process gets every trajectory, in the order one process would give them
+      parts = distributed.allgather_objects((out, stats))
+      out = distributed.sort_by_group([r for part, _ in parts for r in part])
+      stats = RolloutStats.combined([s for _, s in parts])
     stats.total_s = time.perf_counter() - start
     return RolloutBatch(trajectories=out, stats=stats)
 

@@ -45,12 +45,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import gin
-import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 from transformers import PreTrainedTokenizerBase
 
+from evolver import distributed
 from evolver.data import batching
 from evolver.data.tokenize import TokenizedExample, tokenize_trajectory
 from evolver.data.trajectory import Trajectory
@@ -157,7 +157,7 @@ def reset_to_base(trainer: trainer_lib.Trainer, base: nnx.Module, optimizer: opt
   _, params = nnx.split(base)
   state = state_lib.create_train_state(trainer_lib.cast_floats(params, jnp.float32), optimizer, seed)
   state = state.replace(step=jnp.asarray(step, jnp.int32))
-  trainer.state = jax.device_put(state, trainer.shardings)
+  trainer.state = distributed.put_global(state, trainer.shardings)
 
 
 def save_curriculum_end(trainer: trainer_lib.Trainer, base: ckpt_lib.Checkpointer) -> None:

@@ -6,19 +6,23 @@ Layout: `MODEL_DIR/checkpoints/<step>/{params,train,extra,state_files}`. `params
 and later runs (`INIT_CHECKPOINT`) restore the policy without knowing the optimizer. Orbax writes each step to a
 temporary directory and renames it when complete, so a process killed mid-save leaves the previous checkpoint as
 the latest, and the state files of a checkpoint are always those of its train state (one atomic rename).
+
+`MODEL_DIR` goes through the path layer (`evolver.paths`): a local directory or an object store (`gs://`), which
+orbax writes through etils.epath and tensorstore.
 """
 
 import dataclasses
-import json
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
+from evolver import distributed
+from evolver import paths
 from evolver.models.config import ModelConfig
 from evolver.models.decoder import Decoder
 
@@ -44,9 +48,12 @@ class StateFilesRestore(ocp.args.CheckpointArgs):
 
 class StateFilesHandler(ocp.handlers.CheckpointHandler):
   """Writes each owner's files under `<item>/<owner>/<file>` and reads them all back. Synchronous (the bytes are
-  already in memory); orbax's temporary directory and rename make them part of the checkpoint atomically."""
+  already in memory); orbax's temporary directory and rename make them part of the checkpoint atomically. In a
+  multi-host run process 0 writes them (every process holds the same files), as orbax's own JSON items do."""
 
   def save(self, directory, args: StateFilesSave) -> None:
+    if not distributed.is_primary():
+      return
     for owner, files in args.files.items():
       check_state_file_name(owner, "owner")
       folder = directory / owner
@@ -75,14 +82,15 @@ def check_state_file_name(name: str, what: str) -> None:
                      "with '.' and without '..'")
 
 
-def checkpoint_dir(model_dir: str, subdir: str = CHECKPOINT_SUBDIR) -> str:
-  return os.path.join(os.path.abspath(model_dir), subdir)
+def checkpoint_dir(model_dir: paths.PathLike, subdir: str = CHECKPOINT_SUBDIR) -> epath.Path:
+  """`MODEL_DIR/subdir` through the path layer (a URI as it is, a local path made absolute)."""
+  return paths.as_path(model_dir) / subdir
 
 
 class Checkpointer:
   """A thin wrapper over orbax's CheckpointManager for TrainState-like pytrees (`max_to_keep` None: all)."""
 
-  def __init__(self, model_dir: str, *, max_to_keep: int | None = 3, async_save: bool = True,
+  def __init__(self, model_dir: paths.PathLike, *, max_to_keep: int | None = 3, async_save: bool = True,
                subdir: str = CHECKPOINT_SUBDIR):
     self.directory = checkpoint_dir(model_dir, subdir)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=async_save,
@@ -115,7 +123,7 @@ class Checkpointer:
 
   def restore_state_files(self, step: int) -> dict[str, dict[str, bytes]]:
     """The state files kept with checkpoint `step` ({} when it kept none)."""
-    if not os.path.isdir(os.path.join(self.directory, str(step), STATE_FILES_ITEM)):
+    if not (self.directory / str(step) / STATE_FILES_ITEM).is_dir():
       return {}
     return self.manager.restore(step, args=ocp.args.Composite(
         **{STATE_FILES_ITEM: StateFilesRestore()}))[STATE_FILES_ITEM]
@@ -155,41 +163,37 @@ def model_config_from_json(data: dict[str, Any]) -> ModelConfig:
   return ModelConfig(**data)
 
 
-def restore_model(model_dir: str, step: int | None = None, *, best: bool = False) -> tuple[Decoder, int]:
-  """The policy saved by a run (`MODEL_DIR`, or its `checkpoints/` directory), at `step` or the latest; with
-  `best`, the one selected on `val`."""
-  model_dir = os.path.abspath(model_dir).rstrip("/")
-  if os.path.basename(model_dir) in (CHECKPOINT_SUBDIR, BEST_SUBDIR):
-    best = os.path.basename(model_dir) == BEST_SUBDIR
-    model_dir = os.path.dirname(model_dir)
+def restore_model(model_dir: paths.PathLike, step: int | None = None, *,
+                  best: bool = False) -> tuple[Decoder, int]:
+  """The policy saved by a run (`MODEL_DIR`, or its `checkpoints/` directory; local or a URI), at `step` or the
+  latest; with `best`, the one selected on `val`."""
+  model_dir = paths.as_path(model_dir)
+  if model_dir.name in (CHECKPOINT_SUBDIR, BEST_SUBDIR):
+    best = model_dir.name == BEST_SUBDIR
+    model_dir = model_dir.parent
   subdir = BEST_SUBDIR if best else CHECKPOINT_SUBDIR
-  if not os.path.isdir(checkpoint_dir(model_dir, subdir)):
-    raise FileNotFoundError(f"no checkpoints in {model_dir!r} (expected {checkpoint_dir(model_dir, subdir)!r})")
+  if not checkpoint_dir(model_dir, subdir).is_dir():
+    raise FileNotFoundError(f"no checkpoints in {str(model_dir)!r} (expected "
+                            f"{str(checkpoint_dir(model_dir, subdir))!r})")
   checkpointer = Checkpointer(model_dir, async_save=False, subdir=subdir)
   try:
     steps = checkpointer.all_steps()
     if not steps:
-      raise FileNotFoundError(f"{checkpoint_dir(model_dir, subdir)!r} holds no complete checkpoint")
+      raise FileNotFoundError(f"{str(checkpoint_dir(model_dir, subdir))!r} holds no complete checkpoint")
     if step is None:
       step = max(steps)
     elif step not in steps:
-      raise ValueError(f"no checkpoint at step {step} in {model_dir!r}; available: {sorted(steps)}")
+      raise ValueError(f"no checkpoint at step {step} in {str(model_dir)!r}; available: {sorted(steps)}")
     extra = checkpointer.restore_extra(step)
     if "model_config" not in extra:
-      raise ValueError(f"checkpoint {step} in {model_dir!r} does not record its model config")
+      raise ValueError(f"checkpoint {step} in {str(model_dir)!r} does not record its model config")
     config = model_config_from_json(extra["model_config"])
     abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract)
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # (this process's: every host restores)
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), abstract_params)
     params = checkpointer.restore_params(step, target)
   finally:
     checkpointer.close()
   return nnx.merge(graphdef, params), step
 
-
-def write_json_atomic(path: str, data: Any) -> None:
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(data, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)

@@ -23,7 +23,6 @@ reused when the run restarts; val, metrics, checkpoints, resume and the held-out
 from __future__ import annotations
 
 import functools
-import os
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +32,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from evolver import distributed
+from evolver import paths
 from evolver.data import batching
 from evolver.data.tokenize import TokenizedExample, tokenize_trajectory
 from evolver.data.trajectory import Trajectory
@@ -126,7 +127,7 @@ def reference_logprobs(model: Decoder, examples: Sequence[TokenizedExample], *, 
     for first in range(0, len(members), batch_rows):
       chunk = members[first:first + batch_rows]
       batch = batching.make_batch([examples[i] for i in chunk], buckets[bucket], pad_id, batch_rows)
-      values = np.asarray(forward(params, batch["input_ids"], batch["loss_mask"]))
+      values = distributed.to_host(forward(params, batch["input_ids"], batch["loss_mask"]))
       out[chunk] = values[:len(chunk)]
   return out
 
@@ -215,7 +216,7 @@ def train_dpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
   if not init_checkpoint:
     raise ValueError("DPO continues a BC run: set INIT_CHECKPOINT to its MODEL_DIR, e.g. "
                      "--gin_bindings=\"INIT_CHECKPOINT='runs/bc'\"")
-  if not os.path.isdir(init_checkpoint):
+  if not paths.as_path(init_checkpoint).is_dir():
     raise FileNotFoundError(f"INIT_CHECKPOINT {init_checkpoint!r} is not a directory (expected a BC run's MODEL_DIR)")
   slices = TaskSlices()
   slices.check_disjoint("val", "explore")
@@ -268,5 +269,5 @@ def train_dpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
   loop.run(dpo_step, until=train_steps, extras=lambda: {"data": data.get_state(), "num_pairs": data.num_pairs},
            first_row=dict({f"explore/{k}": float(v) for k, v in stats.items()}, pairs=data.num_pairs,
                           pairs_dropped_too_long=data.num_dropped))
-  return loop.finish(extra_results=dict(init_checkpoint=os.path.abspath(init_checkpoint), num_pairs=data.num_pairs,
+  return loop.finish(extra_results=dict(init_checkpoint=str(paths.as_path(init_checkpoint)), num_pairs=data.num_pairs,
                                         beta=beta, exploration=stats))

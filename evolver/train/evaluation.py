@@ -17,7 +17,6 @@ as AgentGym reports), plus the summed counts.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +26,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from evolver import envs as envs_lib
+from evolver import paths
 from evolver.models.decoder import Decoder
 from evolver.models.sampler import Sampler
 from evolver.rollout import OpeningTransform, Rollout, RolloutConfig, RolloutEngine, Task
@@ -176,18 +176,14 @@ def flatten_metrics(results: Mapping[str, Any], prefix: str = "eval") -> dict[st
   return out
 
 
-def write_eval_results(path: str, results: Mapping[str, Any]) -> str:
-  """Writes `results` as JSON to `path` (a file, or a directory that gets `eval_results.json`); returns the file.
-  Written to a temporary name and renamed, so a reader never sees half a file."""
-  if os.path.isdir(path) or path.endswith(os.sep):
-    path = os.path.join(path, "eval_results.json")
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(results, f, indent=2, sort_keys=False)
-    f.write("\n")
-  os.replace(tmp, path)
-  return path
+def write_eval_results(path: paths.PathLike, results: Mapping[str, Any]) -> str:
+  """Writes `results` as JSON to `path` (a file, or a directory that gets `eval_results.json`; local or a URI);
+  returns the file. Through the path layer (`evolver.paths.write_json`): atomic, and by process 0 alone in a
+  multi-host run."""
+  target = paths.as_path(path)
+  if os.fspath(path).endswith(("/", os.sep)) or target.is_dir():
+    target = target / "eval_results.json"
+  return str(paths.write_json(target, results))
 
 
 def print_table(results: Mapping[str, Any]) -> None:

@@ -18,12 +18,17 @@ Per RL step (DESIGN 3.6; the allocation, template and strip functions are `evolv
   with the step, between train steps: a retrieval sees the pool before a commit or after it, never half;
   `blocking` waits for it at the step's end, as AgentEvolver can. Memories retrieved for a successful episode earn
   utility.
-- checkpoints (`state_files`): the step the pool was at (after waiting for summaries in flight). A run resumed
-  from step t rewinds the pool to step t: the memories this run committed after t are set aside (kept, not
-  retrieved), deletions and retrieval counts after t undone, so it retrieves what an unbroken run would have.
-  The store counts steps across runs: a run's step s is the store's step base + s, base being the highest step
-  in the workspace when the run first started (kept in MODEL_DIR/experience_run.json), so rewinding one run never
-  touches what earlier runs put in an existing pool.
+- checkpoints (`state_files`): the step the pool was at (after waiting for summaries in flight) and a snapshot of
+  the workspace's database (`Workspace.snapshot`). A run resumed from step t rewinds the pool to step t: the
+  memories this run committed after t are set aside (kept, not retrieved), deletions and retrieval counts after t
+  undone, so it retrieves what an unbroken run would have. Where the store lacks the workspace (a run resumed on
+  another machine, MODEL_DIR on `gs://`), the checkpoint's snapshot is restored instead. The store counts steps
+  across runs: a run's step s is the store's step base + s, base being the highest step in the workspace when the
+  run first started (kept in MODEL_DIR/experience_run.json), so rewinding one run never touches what earlier runs
+  put in an existing pool.
+- where: the store is SQLite databases, so `store_dir` is a local directory (default MODEL_DIR/experience, which
+  must then be local: with MODEL_DIR on an object store, give `store_dir`); everything else goes through the path
+  layer (`evolver.paths`).
 Lifecycle (the seed's table; `gin_configs/experience/`): no pool; init only (`init_experience_pool`: build the
 pool, train nothing); init + train (`init_from`, updated_freq 0); init + train + update (updated_freq k); exist +
 train (an existing `workspace_id` in `store_dir`, `require_existing`); exist + train + update.
@@ -43,6 +48,7 @@ import gin
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from evolver import paths
 from evolver.data.trajectory import Message
 from evolver.experience import embedders as embedders_lib
 from evolver.experience import manager as manager_lib
@@ -54,6 +60,7 @@ from evolver.rollout import EpisodeOpening, OpeningChange, Rollout, strip_added
 from evolver.train.extensions import RLExtension
 
 STATE_FILE = "pool.json"
+SNAPSHOT_FILE = "workspace.sqlite3"
 RUN_FILE = "experience_run.json"
 
 
@@ -89,7 +96,7 @@ class ExperienceManager(RLExtension):
       retrieve_top_k, min_score: memories per retrieval and the least cosine a hit needs.
       query_mode: "task" (the task's own text) or "messages" (the JSON of the opening, as AgentEvolver sends).
       embedder: `evolver.experience.embedders.make_embedder`'s name ("hashing", "minilm").
-      store_dir: where the pools live (default MODEL_DIR/experience).
+      store_dir: where the pools live, a local directory (default MODEL_DIR/experience).
       init_from: fill an empty pool before training: "expert" (the expert slice's trajectories, summarized),
         "taskset:PATH" (a self-questioned task set's ground truths, replayed and summarized) or a path to a ReMe
         JSONL library; None: start from what the workspace holds (possibly nothing).
@@ -116,6 +123,7 @@ class ExperienceManager(RLExtension):
     self.pool: ExperiencePool | None = None  # the in-process pool (None with a service)
     self.backend: ExperienceBackend | None = None
     self.base = 0  # the store's step of this run's step 0 (module docstring)
+    self.new_workspace = False  # the store lacked the workspace when the run started: a resume restores it
     self.step = 0  # the last logged step whose summary was submitted
     self._summarizer = summarizer_lib.ExtractiveSummarizer()
     self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="summarizer")
@@ -123,21 +131,24 @@ class ExperienceManager(RLExtension):
 
   # -- set-up ------------------------------------------------------------------------------------------------
 
-  def start(self, *, model_dir: str, envs: Sequence[str], seed: int) -> None:
+  def start(self, *, model_dir: paths.PathLike, envs: Sequence[str], seed: int) -> None:
     self.seed = seed
+    model_dir = paths.as_path(model_dir)
     if self.service_url:
       self.backend = ExperienceClient(self.service_url, self.workspace_id)
       self.backend.health()  # fails now, with the URL, rather than at the first step
     else:
-      store_dir = self.store_dir or os.path.join(model_dir, "experience")
+      store_dir = paths.local_dir(self.store_dir or model_dir / "experience",
+                                  "the experience store (SQLite databases: set ExperienceManager.store_dir)")
       store = ExperienceStore(store_dir)
+      self.new_workspace = not store.exists(self.workspace_id)
       if self.require_existing and not (store.exists(self.workspace_id) and store.open(self.workspace_id).count()):
         raise FileNotFoundError(f"no memories in workspace {self.workspace_id!r} of {store_dir!r}: the exist modes "
                                 "use a pool made before (e.g. by gin_configs/experience/init_only.gin)")
       self.pool = ExperiencePool(store, self.workspace_id, embedders_lib.make_embedder(self.embedder_name),
                                  min_score=self.min_score)
       self.backend = LocalBackend(self.pool, self._summarizer)
-      self.base = self._run_base(os.path.join(model_dir, RUN_FILE))
+      self.base = self._run_base(model_dir / RUN_FILE)
     if self.init_from and self.size == 0:
       self._initialise(envs)
 
@@ -146,21 +157,18 @@ class ExperienceManager(RLExtension):
     """Memories in the pool (-1 when a service holds it: not asked, to keep steps cheap)."""
     return self.pool.size if self.pool is not None else -1
 
-  def _run_base(self, path: str) -> int:
+  def _run_base(self, path: paths.PathLike) -> int:
     """The store's step of this run's step 0: read back on a restart, else the workspace's highest step now."""
-    if os.path.exists(path):
-      with open(path) as f:
-        record = json.load(f)
+    path = paths.as_path(path)
+    if path.exists():
+      record = json.loads(path.read_text())
       if record.get("workspace_id") != self.workspace_id:
         raise ValueError(f"{path} says this run used workspace {record.get('workspace_id')!r}, not "
                          f"{self.workspace_id!r}: use the same workspace_id or a new MODEL_DIR")
       return int(record["base"])
     steps = [m.metadata.get("committed_step") for m in self.pool.workspace.all()]
     base = max([s for s in steps if isinstance(s, int)], default=0)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-      json.dump({"workspace_id": self.workspace_id, "base": base}, f)
-    os.replace(path + ".tmp", path)
+    paths.write_json(path, {"workspace_id": self.workspace_id, "base": base}, indent=None)
     return base
 
   def _initialise(self, envs: Sequence[str]) -> None:
@@ -285,7 +293,10 @@ class ExperienceManager(RLExtension):
     if self.backend is None:
       return {}
     state = {"workspace_id": self.workspace_id, "step": self.step, "base": self.base, "size": self.size}
-    return {STATE_FILE: json.dumps(state).encode()}
+    files = {STATE_FILE: json.dumps(state).encode()}
+    if self.pool is not None:
+      files[SNAPSHOT_FILE] = self.pool.workspace.snapshot()
+    return files
 
   def load_state_files(self, files: Mapping[str, bytes]) -> None:
     if self.pool is None:
@@ -294,6 +305,10 @@ class ExperienceManager(RLExtension):
               "checkpoint's step (what the killed run committed after it stays)", flush=True)
       return
     step = json.loads(files[STATE_FILE])["step"] if STATE_FILE in files else 0
+    if self.new_workspace and SNAPSHOT_FILE in files:
+      self.pool.restore(files[SNAPSHOT_FILE])
+      print(f"[experience] the store lacked workspace {self.workspace_id!r}: restored it as the checkpoint of step "
+            f"{step} kept it ({self.size} memories)", flush=True)
     set_aside = self.pool.rewind(self.base + step)
     self.step = step
     if set_aside:

@@ -3,9 +3,9 @@
 AgentEvol explores before each learning phase and DPO before it pairs; both train on what they read back from
 here, so a fresh and a resumed run train on the same data. Layout: `MODEL_DIR/explore/iter_{m}.npz` (the sampled
 token arrays, concatenated, and the exploration's meta as JSON) then `iter_{m}.json` (AgentTraj with reward and
-success), each written atomically; the JSON file's presence marks a complete exploration. An `iter_{m}.json`
-without its `.npz` (AgentTraj trajectories from elsewhere) loads without token arrays: training then tokenizes
-their text.
+success), each written atomically through the path layer (`evolver.paths`: a local MODEL_DIR or a URI; process 0
+alone in a multi-host run); the JSON file's presence marks a complete exploration. An `iter_{m}.json` without its
+`.npz` (AgentTraj trajectories from elsewhere) loads without token arrays: training then tokenizes their text.
 
 Identical successful episodes (same task, same assistant texts) are counted once (`dedup_successes`): with K
 samples per task a solved easy task repeats the same episode, and duplicates would overweight it.
@@ -13,13 +13,15 @@ samples per task a solved easy task repeats the same episode, and duplicates wou
 
 from __future__ import annotations
 
+import io
 import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from etils import epath
 
+from evolver import paths
 from evolver.data import agenttraj
 from evolver.data.trajectory import Trajectory
 from evolver.rollout import RolloutConfig, RolloutEngine, Task
@@ -72,17 +74,15 @@ def exploration_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
   }
 
 
-def exploration_paths(model_dir: str, iteration: int) -> tuple[str, str]:
-  base = os.path.join(os.path.abspath(model_dir), EXPLORE_SUBDIR, f"iter_{iteration}")
-  return base + ".json", base + ".npz"
+def exploration_paths(model_dir: paths.PathLike, iteration: int) -> tuple[epath.Path, epath.Path]:
+  """(`MODEL_DIR/explore/iter_{m}.json`, its `.npz`)."""
+  base = paths.as_path(model_dir) / EXPLORE_SUBDIR
+  return base / f"iter_{iteration}.json", base / f"iter_{iteration}.npz"
 
 
-def save_exploration(model_dir: str, iteration: int, trajectories: Sequence[Trajectory],
-                     meta: dict[str, Any]) -> str:
-  """Writes `explore/iter_{m}.npz` (token arrays, concatenated, and `meta` as JSON) then `iter_{m}.json`
-  (AgentTraj with reward/success), each atomically; the JSON file's presence marks a complete exploration."""
-  json_path, npz_path = exploration_paths(model_dir, iteration)
-  os.makedirs(os.path.dirname(json_path), exist_ok=True)
+def encode_exploration(trajectories: Sequence[Trajectory], meta: dict[str, Any]) -> tuple[str, bytes]:
+  """The two files of an exploration: (AgentTraj JSON text with reward/success, the `.npz` bytes of the token
+  arrays, concatenated, and `meta` as JSON)."""
   has_tokens = np.asarray([t.token_ids is not None for t in trajectories], bool)
   lengths = [len(t.token_ids) if t.token_ids is not None else 0 for t in trajectories]
 
@@ -98,47 +98,70 @@ def save_exploration(model_dir: str, iteration: int, trajectories: Sequence[Traj
       "logprobs": concat("logprobs", np.float32),
       "meta": np.asarray(json.dumps(meta)),
   }
-  tmp = f"{npz_path}.tmp{os.getpid()}"
-  with open(tmp, "wb") as f:
-    np.savez(f, **arrays)
-  os.replace(tmp, npz_path)
-  agenttraj.write_agenttraj(json_path, trajectories)
-  return json_path
+  buffer = io.BytesIO()
+  np.savez(buffer, **arrays)
+  return agenttraj.dumps_agenttraj(trajectories), buffer.getvalue()
 
 
-def load_exploration(model_dir: str, iteration: int) -> tuple[list[Trajectory], dict[str, Any]] | None:
+def decode_exploration(text: bytes | str, npz: bytes | None, *, json_name: str = "<json>",
+                       npz_name: str = "<npz>") -> tuple[list[Trajectory], dict[str, Any]]:
+  """The trajectories (with their token arrays) and meta of `encode_exploration`'s files; without `npz`, the
+  trajectories without token arrays and meta {}. The names are for errors."""
+  trajectories = agenttraj.loads_agenttraj(text, json_name)
+  if npz is None:
+    return trajectories, {}
+  with np.load(io.BytesIO(npz)) as data:
+    offsets, has_tokens = data["offsets"], data["has_tokens"]
+    if len(has_tokens) != len(trajectories):
+      raise ValueError(f"{npz_name} holds token arrays of {len(has_tokens)} trajectories but {json_name} has "
+                       f"{len(trajectories)}; delete both to explore again")
+    token_ids, loss_mask, logprobs = data["token_ids"], data["loss_mask"], data["logprobs"]
+    for index, trajectory in enumerate(trajectories):
+      if has_tokens[index]:
+        span = slice(int(offsets[index]), int(offsets[index + 1]))
+        trajectory.token_ids, trajectory.loss_mask, trajectory.logprobs = (
+            token_ids[span], loss_mask[span], logprobs[span])
+    meta = json.loads(str(data["meta"]))
+  return trajectories, meta
+
+
+def write_exploration(model_dir: paths.PathLike, iteration: int, text: str, npz: bytes) -> str:
+  """Writes `encode_exploration`'s files: the `.npz`, then the JSON file that marks the exploration complete.
+  Returns the JSON file's path."""
+  json_path, npz_path = exploration_paths(model_dir, iteration)
+  paths.write_bytes(npz_path, npz)
+  paths.write_text(json_path, text)
+  return str(json_path)
+
+
+def save_exploration(model_dir: paths.PathLike, iteration: int, trajectories: Sequence[Trajectory],
+                     meta: dict[str, Any]) -> str:
+  """Writes `explore/iter_{m}.npz` (token arrays, concatenated, and `meta` as JSON) then `iter_{m}.json`
+  (AgentTraj with reward/success), each atomically; the JSON file's presence marks a complete exploration."""
+  return write_exploration(model_dir, iteration, *encode_exploration(trajectories, meta))
+
+
+def load_exploration(model_dir: paths.PathLike, iteration: int) -> tuple[list[Trajectory], dict[str, Any]] | None:
   """The trajectories of `save_exploration` with their token arrays and meta, or None when there is none.
 
   An `iter_{m}.json` without its `.npz` (AgentTraj trajectories from elsewhere) loads without token arrays:
   training then tokenizes their text.
   """
   json_path, npz_path = exploration_paths(model_dir, iteration)
-  if not os.path.exists(json_path):
+  if not json_path.exists():
     return None
-  trajectories = agenttraj.read_agenttraj(json_path)
-  if not os.path.exists(npz_path):
-    return trajectories, {}
-  with np.load(npz_path) as data:
-    offsets, has_tokens = data["offsets"], data["has_tokens"]
-    if len(has_tokens) != len(trajectories):
-      raise ValueError(f"{npz_path} holds token arrays of {len(has_tokens)} trajectories but {json_path} has "
-                       f"{len(trajectories)}; delete both to explore again")
-    for index, trajectory in enumerate(trajectories):
-      if has_tokens[index]:
-        span = slice(int(offsets[index]), int(offsets[index + 1]))
-        trajectory.token_ids = data["token_ids"][span]
-        trajectory.loss_mask = data["loss_mask"][span]
-        trajectory.logprobs = data["logprobs"][span]
-    meta = json.loads(str(data["meta"]))
-  return trajectories, meta
+  npz = npz_path.read_bytes() if npz_path.exists() else None
+  return decode_exploration(json_path.read_bytes(), npz, json_name=str(json_path), npz_name=str(npz_path))
 
 
-def explore_or_load(model_dir: str, iteration: int, engine: RolloutEngine, tasks: Sequence[Task],
+def explore_or_load(model_dir: paths.PathLike, iteration: int, engine: RolloutEngine, tasks: Sequence[Task],
                     config: RolloutConfig, policy_step: int, tag: str) -> list[Trajectory]:
   """Reuses iteration `iteration`'s saved exploration, or explores with the engine's current weights
   (`config.num_samples` episodes per task, rewarded by the envs) and saves it.
 
-  Either way the trajectories are those read back from disk, so a fresh and a resumed run train on the same.
+  Either way the trajectories are decoded from the files' contents, so a fresh and a resumed run train on the
+  same (a fresh run decodes what it writes rather than reading it back: in a multi-host run only process 0
+  writes).
   `policy_step` (the step of the exploring policy) is recorded and checked: an exploration of another policy
   belongs to another run.
   """
@@ -156,11 +179,12 @@ def explore_or_load(model_dir: str, iteration: int, engine: RolloutEngine, tasks
   rollouts = engine.run(tasks, config).trajectories
   meta = {"iteration": iteration, "policy_step": policy_step, "num_samples": config.num_samples,
           "temperature": config.temperature, "seed": config.seed, "num_tasks": len(tasks)}
-  save_exploration(model_dir, iteration, rollouts, meta)
-  return load_exploration(model_dir, iteration)[0]
+  encoded = encode_exploration(rollouts, meta)
+  json_name = write_exploration(model_dir, iteration, *encoded)
+  return decode_exploration(*encoded, json_name=json_name)[0]
 
 
-def load_finished(model_dir: str, iteration: int) -> list[Trajectory]:
+def load_finished(model_dir: paths.PathLike, iteration: int) -> list[Trajectory]:
   """The exploration of an iteration the run already finished; an error when it is missing."""
   loaded = load_exploration(model_dir, iteration)
   if loaded is None:

@@ -6,10 +6,15 @@ Where files are found, the same from any working directory:
   first search path that has it;
 - an `include` (in a file or a binding) under the first search path that has it, never the working directory.
 The search paths are the given ones (`--gin_search_paths`), then gin_configs/, then the repository root.
+
+A run stopped by SIGTERM (a preemption: `evolver.train.loop.Preempted`, its checkpoint complete) exits with status
+143 (`PREEMPTED_EXIT_STATUS`, what a shell reports for a process SIGTERM ended) after one line on stderr; running
+the same command again resumes from that checkpoint.
 """
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 
 import gin
@@ -19,9 +24,11 @@ from gin import resource_reader
 from evolver.models import config as _model_config  # noqa: F401
 from evolver.train import optimizer as _optimizer  # noqa: F401
 from evolver.train import trainer as _trainer  # noqa: F401
+from evolver.train.loop import Preempted
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_SEARCH_PATHS = (os.path.join(REPO_ROOT, "gin_configs"), REPO_ROOT)
+PREEMPTED_EXIT_STATUS = 143  # 128 + SIGTERM
 
 
 class ConfigError(ValueError):
@@ -99,5 +106,10 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], search_paths: Seque
 
 @gin.configurable
 def run(loop: Callable[[], object] = gin.REQUIRED) -> object:
-  """Runs the configured training loop (it takes everything else from gin)."""
-  return loop()
+  """Runs the configured training loop (it takes everything else from gin). A preempted run (module docstring)
+  prints why on stderr and exits with `PREEMPTED_EXIT_STATUS`."""
+  try:
+    return loop()
+  except Preempted as e:
+    print(e, file=sys.stderr, flush=True)
+    raise SystemExit(PREEMPTED_EXIT_STATUS) from None

@@ -16,10 +16,17 @@ updates) and returns its metrics row. The loop owns everything around it:
 - per step: what XLA compiled during it, val included (`compile/*`, `evolver.runtime.CompileLog`, tagged
   "step N"), and the process's memory (`memory/*`); the `val` evaluation every `LoopConfig.eval_every` steps and at
   the end of every segment, keeping the best policy (`MODEL_DIR/best/`); the metrics row (JSONL + TensorBoard);
-  the checkpoint every `TrainerConfig.checkpoint_every` steps and at the segment's end, with the algorithm's extras, the best val score
-  and the owners' state files, atomically; the progress bar;
+  the checkpoint every `TrainerConfig.checkpoint_every` steps and at the segment's end, with the algorithm's
+  extras, the best val score and the owners' state files, atomically; the progress bar;
 - the end: the held-out evaluation of the policy selected on `val` (the last one when the run has no `val`),
-  written to `MODEL_DIR/eval_results.json`, logged and printed.
+  written to `MODEL_DIR/eval_results.json`, logged and printed;
+- preemption: SIGTERM during `run` lets the step in flight finish, then logs and checkpoints that step (off the
+  cadences too), waits for the checkpoint to be complete and raises `Preempted`; running the same command again
+  resumes from that step.
+
+Everything the loop writes goes through the path layer (`evolver.paths`), so MODEL_DIR may be local or a URI
+(`gs://...`); in a multi-host run process 0 alone writes the configs, metrics and eval results (the others compute
+the same and skip the writes), and orbax coordinates the checkpoints.
 
 A run may call `run` several times over consecutive segments of one monotonic step axis (AgentEvol's phases):
 cadences count from each segment's `origin`.
@@ -28,7 +35,8 @@ cadences count from each segment's `origin`.
 from __future__ import annotations
 
 import dataclasses
-import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -40,6 +48,8 @@ from flax import nnx
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from evolver import distributed
+from evolver import paths
 from evolver import runtime
 from evolver.models.sampler import Sampler
 from evolver.rollout import OpeningTransform, RolloutEngine
@@ -90,27 +100,32 @@ class StateOwner(Protocol):
     ...
 
 
-def write_gin_config(model_dir: str, name: str = "config.gin", operative: bool = False) -> str:
-  """Writes gin's config (every binding) or its operative config (what the run used) into the run directory."""
-  os.makedirs(model_dir, exist_ok=True)
-  path = os.path.join(model_dir, name)
+class Preempted(Exception):
+  """The run stopped on SIGTERM after checkpointing `step`; running it again resumes there."""
+
+  def __init__(self, name: str, step: int):
+    super().__init__(f"[{name}] preempted (SIGTERM): checkpoint of step {step} saved; run the same command again "
+                     "to resume from it")
+    self.step = step
+
+
+def write_gin_config(model_dir: paths.PathLike, name: str = "config.gin", operative: bool = False) -> str:
+  """Writes gin's config (every binding) or its operative config (what the run used) into the run directory
+  (`evolver.paths.write_text`: atomic, process 0 alone). Returns the file's path."""
   text = gin.operative_config_str() if operative else gin.config_str()
-  with open(path + ".tmp", "w") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)
-  return path
+  return str(paths.write_text(paths.as_path(model_dir) / name, text))
 
 
 class Loop:
   """One run's bookkeeping around an algorithm's steps (module docstring)."""
 
-  def __init__(self, name: str, model_dir: str, trainer: Trainer, tokenizer: PreTrainedTokenizerBase, *,
+  def __init__(self, name: str, model_dir: paths.PathLike, trainer: Trainer, tokenizer: PreTrainedTokenizerBase, *,
                envs: Sequence[str], val_indices: Sequence[int] = (), config: LoopConfig | None = None,
                updates_per_step: int = 1, state_owners: Sequence[StateOwner] = ()):
     """
     Args:
       name: the method, for messages and the progress bar.
-      model_dir: the run directory.
+      model_dir: the run directory (local or a URI, `evolver.paths`).
       trainer: owns the train state and its checkpoints.
       tokenizer: the policy's.
       envs: the envs that val and the held-out report run on.
@@ -126,7 +141,7 @@ class Loop:
     for owner_name in names:
       ckpt_lib.check_state_file_name(owner_name, "owner")
     self.name = name
-    self.model_dir = os.path.abspath(model_dir)
+    self.model_dir = paths.as_path(model_dir)
     self.trainer = trainer
     self.tokenizer = tokenizer
     self.envs = list(envs)
@@ -140,6 +155,7 @@ class Loop:
     self.eval_openings: Callable[[int], OpeningTransform | None] | None = None
     self._engine: RolloutEngine | None = None
     self._wrote_operative = False
+    self._sigterm = False
     write_gin_config(self.model_dir)
 
   # -- state -------------------------------------------------------------------------------------------------
@@ -154,14 +170,16 @@ class Loop:
     """The run's rollout engine (one Sampler for every evaluation and the algorithm's rollouts, so compiled
     programs are reused). Its weights are whatever was put in last: call `sync_policy` first."""
     if self._engine is None:
-      self._engine = RolloutEngine(Sampler(self.trainer.policy()), self.tokenizer)
+      policy = nnx.merge(self.trainer.graphdef, distributed.local_copy(self.trainer.policy_params()))
+      self._engine = RolloutEngine(Sampler(policy), self.tokenizer)
     return self._engine
 
   def sync_policy(self, params: nnx.State | None = None) -> RolloutEngine:
     """Puts the trainer's current weights (or `params`) into the engine's sampler, as a copy in
-    `ModelConfig.param_dtype` (`Trainer.policy_params`); returns the engine."""
+    `ModelConfig.param_dtype` (`Trainer.policy_params`; in a multi-process run, a whole copy on this process's
+    first device, `distributed.local_copy`: each host samples its own episodes); returns the engine."""
     engine = self.engine
-    engine.sampler.update_params(self.trainer.policy_params(params))
+    engine.sampler.update_params(distributed.local_copy(self.trainer.policy_params(params)))
     return engine
 
   def resume(self) -> dict[str, Any]:
@@ -186,7 +204,9 @@ class Loop:
 
   def save(self, extras: Mapping[str, Any], *, force: bool = False) -> None:
     """Starts a checkpoint of the train state with the algorithm's `extras`, the best val score and the state
-    owners' files."""
+    owners' files; the metrics rows logged so far are flushed first (a resumed run keeps those up to its step)."""
+    if self.writer is not None:
+      self.writer.flush()
     files = {owner.name: owner.state_files() for owner in self.state_owners}
     self.trainer.save(dict(extras, best_val=self.best_val), state_files={k: v for k, v in files.items() if v},
                       force=force)
@@ -199,6 +219,12 @@ class Loop:
           desc: str | None = None) -> None:
     """Runs `step_fn` until the logged step reaches `until`, with val, metrics and checkpoints around it.
 
+    SIGTERM (a preemption notice) while it runs lets the step in flight finish (its val included), then logs and
+    checkpoints that step whatever the cadences say, closes the loop (the checkpoint complete, the metrics
+    flushed) and raises `Preempted`; in a multi-host run a signal to any process stops all of them after the same
+    step. The handler is installed for the call and the previous one restored after it (from the main thread
+    only: Python delivers signals there; a loop run from another thread keeps the process's own handling).
+
     Args:
       step_fn: one logged step of the algorithm (its updates advance the trainer); returns the step's metrics.
       until: the last step of this segment.
@@ -208,6 +234,9 @@ class Loop:
       at_end: called at the segment's last step, after its val and before its checkpoint, with the val
         results (None without val): what the algorithm records there goes into that checkpoint.
       postfix: the row key shown on the progress bar.
+
+    Raises:
+      Preempted: after SIGTERM, once the step it interrupted is checkpointed.
     """
     if self.writer is None:
       raise RuntimeError("call Loop.resume() before Loop.run()")
@@ -215,6 +244,7 @@ class Loop:
     every_checkpoint, every_log = self.trainer.config.checkpoint_every, self.trainer.config.log_every
     bar = tqdm(total=until - first + 1, initial=max(self.step - first + 1, 0), desc=desc or self.name, unit="step",
                dynamic_ncols=True)
+    restore_handler = self._note_sigterm()
     try:
       compiles = runtime.compile_log()
       while self.step < until:
@@ -236,16 +266,39 @@ class Loop:
           at_end(results)
         runtime.return_free_memory()  # what the step's compilations and batches freed (the row's rss follows it)
         row.update(step_resources(compiles.since(mark)))
-        if step == first or at_segment_end or results is not None or local % every_log == 0:
+        # Read once, and agreed by every process (a signal to one host stops all at the same step): this step is
+        # then logged, checkpointed and the last.
+        stopping = any(distributed.allgather_objects(self._sigterm))
+        if stopping or step == first or at_segment_end or results is not None or local % every_log == 0:
           self.writer.write(step, row)
-        if at_segment_end or local % every_checkpoint == 0:
-          self.save(extras())
+        if stopping or at_segment_end or local % every_checkpoint == 0:
+          self.save(extras(), force=stopping)
         bar.update(1)
         if isinstance(row.get(postfix), (int, float)):
           bar.set_postfix({postfix: f"{row[postfix]:.3f}"})
+        if stopping:
+          self.close()  # waits for the checkpoint; flushes and closes the metrics
+          raise Preempted(self.name, step)
     finally:
       bar.close()
+      restore_handler()
       self.trainer.checkpointer.wait()
+
+  def _note_sigterm(self) -> Callable[[], None]:
+    """Installs a SIGTERM handler that only notes the signal (`run`); returns what restores the previous one. From
+    the main thread only (Python delivers signals there): elsewhere nothing is installed."""
+    self._sigterm = False
+    if threading.current_thread() is not threading.main_thread():
+      return lambda: None
+
+    def note(signum, frame):
+      del signum, frame
+      self._sigterm = True
+
+    previous = signal.signal(signal.SIGTERM, note)
+    if previous is None:  # a handler installed outside Python cannot be put back: the default, then
+      previous = signal.SIG_DFL
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
   def validate(self) -> dict[str, Any]:
     """Greedy episodes on the `val` tasks with the current weights; keeps the policy when it is the best so far."""
@@ -272,7 +325,8 @@ class Loop:
     best = self.trainer.best_step()
     return (best, "val") if best is not None else (self.trainer.step, "last step")
 
-  def restore_params(self, model_dir: str, step: int, *, subdir: str = ckpt_lib.BEST_SUBDIR) -> nnx.State:
+  def restore_params(self, model_dir: paths.PathLike, step: int, *,
+                     subdir: str = ckpt_lib.BEST_SUBDIR) -> nnx.State:
     """The policy kept at `step` in `model_dir/subdir`, placed like the trainer's parameters."""
     checkpointer = ckpt_lib.Checkpointer(model_dir, async_save=False, subdir=subdir)
     try:
@@ -305,7 +359,7 @@ class Loop:
           results = self.evaluate(params, split="eval", num_tasks=self.config.eval_tasks)
         results.update(policy_step=policy_step // self.updates_per_step, selected_on=selected_on,
                        **(extra_results or {}))
-        evaluation.write_eval_results(os.path.join(self.model_dir, EVAL_RESULTS_FILE), results)
+        evaluation.write_eval_results(self.model_dir / EVAL_RESULTS_FILE, results)
         self.writer.write(self.step, evaluation.flatten_metrics(results, "eval"))
         print(f"\nheld-out {results['split']} split: the policy of step {results['policy_step']} (selected on "
               f"{results['selected_on']})")

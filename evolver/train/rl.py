@@ -40,6 +40,7 @@ import numpy as np
 from flax import nnx
 from transformers import PreTrainedTokenizerBase
 
+from evolver import distributed
 from evolver import runtime
 from evolver.data import batching
 from evolver.models import tokenizer as tokenizer_lib
@@ -157,7 +158,7 @@ def behaviour_logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: dict[st
     ids = batching.take_rows(batch, chunk, buckets, keys=("input_ids",))["input_ids"]
     rows = max(chunk_rows or 0, row_bucket(len(chunk)))
     ids = np.concatenate([ids, np.zeros((rows - len(chunk), ids.shape[1]), ids.dtype)])
-    out[chunk, :ids.shape[1]] = np.asarray(_logprobs(graphdef, params, ids, head_chunk_rows))[:len(chunk)]
+    out[chunk, :ids.shape[1]] = distributed.to_host(_logprobs(graphdef, params, ids, head_chunk_rows))[:len(chunk)]
   return out
 
 

@@ -16,6 +16,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from evolver import distributed
 from evolver.models import sharding
 from evolver.models.decoder import Decoder
 from evolver.rl import losses
@@ -140,6 +141,9 @@ class TrainStepPrograms:
     # (dtypes too: an ahead-of-time executable refuses any other input type than its own)
     return tuple(sorted((k, tuple(v.shape), str(v.dtype)) for k, v in batch.items()))
 
+  def _batch_shardings(self, batch: Batch) -> dict[str, NamedSharding]:
+    return {k: sharding.batch_sharding(self._mesh, len(v.shape)) for k, v in batch.items()}
+
   def _jitted(self, batch: Batch):
     mesh, step = self._mesh, self._step
 
@@ -147,15 +151,15 @@ class TrainStepPrograms:
       with sharding.activate(mesh):
         return step(s, b)
 
-    batch_shardings = {k: sharding.batch_sharding(mesh, len(v.shape)) for k, v in batch.items()}
-    return jax.jit(traced, in_shardings=(self._state_sharding, batch_shardings),
+    return jax.jit(traced, in_shardings=(self._state_sharding, self._batch_shardings(batch)),
                    out_shardings=(self._state_sharding, NamedSharding(mesh, PartitionSpec())), donate_argnums=0)
 
   def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+    """One step on a host batch (numpy; in a multi-process run the same global batch on every process)."""
     key = self._key(batch)
     if key not in self._programs:
       self._programs[key] = self._jitted(batch)
-    return self._programs[key](state, batch)
+    return self._programs[key](state, distributed.put_global(batch, self._batch_shardings(batch)))
 
   def precompile(self, state: TrainState, batch_spec: dict[str, jax.ShapeDtypeStruct]) -> bool:
     """Compiles the step for batches of `batch_spec`'s shapes and dtypes now (nothing runs: the state, which a
@@ -163,8 +167,14 @@ class TrainStepPrograms:
     key = self._key(batch_spec)
     if key in self._programs:
       return False
-    self._programs[key] = self._jitted(batch_spec).lower(state, batch_spec).compile()
+    self._programs[key] = self.lower(state, batch_spec).compile()
     return True
+
+  def lower(self, state: TrainState, batch_spec: dict[str, jax.ShapeDtypeStruct]) -> jax.stages.Lowered:
+    """The step for batches of `batch_spec`'s shapes, lowered with its shardings and donation (what `precompile`
+    compiles). `state` may be abstract (`jax.ShapeDtypeStruct` leaves): `launch.aot` compiles it for a topology
+    without weights and reads its memory."""
+    return self._jitted(batch_spec).lower(state, batch_spec)
 
   @property
   def num_programs(self) -> int:

@@ -21,6 +21,8 @@ import numpy as np
 import optax
 from flax import nnx
 
+from evolver import distributed
+from evolver import paths
 from evolver.models import sharding
 from evolver.models.config import ModelConfig, resolve_dtype
 from evolver.models.decoder import Decoder, make_model
@@ -58,7 +60,7 @@ def init_policy(config: ModelConfig | None = None, *, seed: int = 0, init_checkp
   if init_checkpoint and hf_checkpoint:
     raise ValueError("give init_checkpoint or hf_checkpoint, not both")
   if init_checkpoint:
-    best = os.path.isdir(ckpt_lib.checkpoint_dir(init_checkpoint, ckpt_lib.BEST_SUBDIR))
+    best = ckpt_lib.checkpoint_dir(init_checkpoint, ckpt_lib.BEST_SUBDIR).is_dir()
     model, _ = ckpt_lib.restore_model(init_checkpoint, best=best)
     return model
   if hf_checkpoint:
@@ -91,10 +93,10 @@ class Trainer:
   """Owns the TrainState on its mesh (float32 master parameters, module docstring), the jitted step and the
   checkpointers (latest and best). `devices`: the mesh's devices (default: all)."""
 
-  def __init__(self, model_dir: str, model: Decoder, optimizer: optax.GradientTransformation,
+  def __init__(self, model_dir: paths.PathLike, model: Decoder, optimizer: optax.GradientTransformation,
                loss_fn: step_lib.LossFn, *, seed: int = 0, config: TrainerConfig | None = None,
                devices: Sequence[jax.Device] | None = None):
-    self.model_dir = os.path.abspath(model_dir)
+    self.model_dir = paths.as_path(model_dir)
     self.config = config or TrainerConfig()
     self.model_config = model.config
     self.graphdef, params = nnx.split(model)
@@ -102,7 +104,7 @@ class Trainer:
     self.mesh = sharding.make_mesh(self.config.mesh_data, self.config.mesh_fsdp, self.config.mesh_tensor, devices)
     state = state_lib.create_train_state(cast_floats(params, jnp.float32), optimizer, seed)
     self.shardings = step_lib.state_shardings(state, self.mesh)
-    self.state = jax.device_put(state, self.shardings)
+    self.state = distributed.put_global(state, self.shardings)
     self._step = step_lib.TrainStepPrograms(self.graphdef, loss_fn, optimizer, self.mesh, self.shardings,
                                             num_microbatches=self.config.num_microbatches)
     self.checkpointer = ckpt_lib.Checkpointer(self.model_dir, max_to_keep=self.config.keep_checkpoints,
@@ -133,7 +135,7 @@ class Trainer:
                                     rng=train["rng"])
     if int(self.state.step) != latest:
       raise RuntimeError(f"checkpoint {latest} holds state of step {int(self.state.step)}")
-    if os.path.isdir(ckpt_lib.checkpoint_dir(self.model_dir, ckpt_lib.BEST_SUBDIR)):
+    if ckpt_lib.checkpoint_dir(self.model_dir, ckpt_lib.BEST_SUBDIR).is_dir():
       self._best_checkpointer().delete_after(latest)
     return extra, self.checkpointer.restore_state_files(latest)
 
@@ -178,7 +180,7 @@ class Trainer:
 
   def best_step(self) -> int | None:
     """The step of the policy kept as the best on `val`, or None."""
-    if not os.path.isdir(ckpt_lib.checkpoint_dir(self.model_dir, ckpt_lib.BEST_SUBDIR)):
+    if not ckpt_lib.checkpoint_dir(self.model_dir, ckpt_lib.BEST_SUBDIR).is_dir():
       return None
     return max(self._best_checkpointer().all_steps(), default=None)
 
