@@ -11,7 +11,8 @@ Every process runs the same Python program in lockstep. What differs per process
   sample) only, so the rollouts do not depend on the number of hosts.
 - arrays: the train state lives on the global mesh; host numpy batches (the same on every host, computed from the
   same gathered rollouts) become global arrays with `put_global`, and results come back with `to_host`.
-- writes: process 0 (`is_primary`) writes metrics, configs and stores; orbax coordinates the checkpoints itself.
+- writes: process 0 (`is_primary`) writes metrics, configs and the experience pool (a service every host retrieves
+  from, `evolver.train.experience`); orbax coordinates the checkpoints itself.
 
 With one process every function here is the identity or its single-process equivalent, and nothing changes.
 """
@@ -69,6 +70,13 @@ def process_count() -> int:
 def is_primary() -> bool:
   """True on the process that writes the run's files (process 0; the only one in a single-process run)."""
   return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """Waits until every process has reached the barrier `name` (no-op with one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
 
 
 def own_groups(num_groups: int, *, index: int | None = None, count: int | None = None) -> list[int]:

@@ -29,6 +29,10 @@ Per RL step (DESIGN 3.6; the allocation, template and strip functions are `evolv
 - where: the store is SQLite databases, so `store_dir` is a local directory (default MODEL_DIR/experience, which
   must then be local: with MODEL_DIR on an object store, give `store_dir`); everything else goes through the path
   layer (`evolver.paths`).
+- multi-host (`evolver.distributed`): the processes share one pool through an experience service
+  (`service_url`, required there). Every host retrieves for its own episodes; process 0 alone records utility
+  and submits summaries, and waits for the step's summary at the step's end, after which every host passes a
+  barrier: each step's retrievals, on every host, see the same pool.
 Lifecycle (the seed's table; `gin_configs/experience/`): no pool; init only (`init_experience_pool`: build the
 pool, train nothing); init + train (`init_from`, updated_freq 0); init + train + update (updated_freq k); exist +
 train (an existing `workspace_id` in `store_dir`, `require_existing`); exist + train + update.
@@ -48,6 +52,7 @@ import gin
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from evolver import distributed
 from evolver import paths
 from evolver.data.trajectory import Message
 from evolver.experience import embedders as embedders_lib
@@ -134,6 +139,10 @@ class ExperienceManager(RLExtension):
   def start(self, *, model_dir: paths.PathLike, envs: Sequence[str], seed: int) -> None:
     self.seed = seed
     model_dir = paths.as_path(model_dir)
+    if distributed.process_count() > 1 and not self.service_url:
+      raise ValueError("a multi-process run shares one experience pool through a service: start `python -m "
+                       "launch.serve_experience --store DIR --host 0.0.0.0 --port P` where every host reaches it and "
+                       "set ExperienceManager.service_url (every host retrieves from it; process 0 alone writes)")
     if self.service_url:
       self.backend = ExperienceClient(self.service_url, self.workspace_id)
       self.backend.health()  # fails now, with the URL, rather than at the first step
@@ -151,6 +160,7 @@ class ExperienceManager(RLExtension):
       self.base = self._run_base(model_dir / RUN_FILE)
     if self.init_from and self.size == 0:
       self._initialise(envs)
+    distributed.barrier("experience pool ready")
 
   @property
   def size(self) -> int:
@@ -248,9 +258,10 @@ class ExperienceManager(RLExtension):
     with_exp = [r for r in scored if r.added.get("experience")]
     without = [r for r in scored if not r.added.get("experience")]
     useful = sorted({i for r in with_exp if r.success for i in r.added["experience"]})
+    writer = distributed.is_primary()  # (every process holds every rollout: one writes)
     if useful and self.pool is not None:
       self.pool.workspace.bump(useful, utility=1, step=self.base + step)
-    elif useful and self.backend is not None:
+    elif useful and self.backend is not None and writer:
       self.backend.record(useful, update_utility=True)
     retrieved = sorted(i for r in rollouts for i in r.added.get("experience", []))
     made_here = [m for m in (self.pool.workspace.get(sorted(set(retrieved))) if self.pool and retrieved else [])
@@ -265,12 +276,14 @@ class ExperienceManager(RLExtension):
         "retrieved_digest": hashlib.blake2b(",".join(retrieved).encode(), digest_size=6).hexdigest(),
     }
     self.step = step + 1
-    if self.updated_freq and self.backend is not None and (step + 1) % self.updated_freq == 0:
+    if self.updated_freq and self.backend is not None and writer and (step + 1) % self.updated_freq == 0:
       trajectories = [strip_added_messages(r) for r in scored]
       future = self._executor.submit(self._summarize, trajectories, step + 1)
       self._pending.append(future)
-      if self.blocking:
+      if self.blocking or distributed.process_count() > 1:
         row.update(self._wait())
+    # Every host retrieves the next step's memories from the same pool: after process 0's summary is in.
+    distributed.barrier(f"experience after step {step + 1}")
     row["pool_size"] = self.size
     return row
 

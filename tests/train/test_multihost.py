@@ -114,3 +114,21 @@ def test_a_grpo_step_on_2_processes_equals_1_process(tmp_path):
   assert max(np.abs(a - b).max() for a, b in zip(trained_single, start)) > 1e-4  # the step trained
   for a, b in zip(trained_single, trained_multi):
     np.testing.assert_allclose(b, a, atol=ATOL)
+
+
+def test_a_multi_process_run_needs_an_experience_service(tmp_path, monkeypatch):
+  from evolver import distributed
+  from evolver.train.experience import ExperienceManager
+  monkeypatch.setattr(distributed, "process_count", lambda: 2)  # (what jax.process_count() says in such a run)
+  manager = ExperienceManager(store_dir=str(tmp_path / "store"))
+  with pytest.raises(ValueError, match="service_url"):
+    manager.start(model_dir=tmp_path / "run", envs=["maze"], seed=0)
+  manager.close()
+
+
+def test_groups_split_evenly_over_processes_and_never_span_two():
+  from evolver import distributed
+  shares = [distributed.own_groups(7, index=i, count=3) for i in range(3)]
+  assert shares == [[0, 3, 6], [1, 4], [2, 5]]
+  assert sorted(g for share in shares for g in share) == list(range(7))
+  assert distributed.own_groups(5) == [0, 1, 2, 3, 4]  # one process: all of them
