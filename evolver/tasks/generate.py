@@ -22,7 +22,6 @@ too: `@openai_generate()` (an OpenAI-compatible endpoint) or `@policy_generate()
 from __future__ import annotations
 
 import collections
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ import gin
 import numpy as np
 
 from evolver import envs as envs_lib
+from evolver import paths
 from evolver.experience.summarizer import OpenAIGenerate
 from evolver.models.tokenizer import load_tokenizer
 from evolver.tasks import explore as explore_lib
@@ -81,14 +81,6 @@ def policy_generate(*, load_policy: Callable[..., Any] = gin.REQUIRED, init_chec
   model = load_policy(init_checkpoint=init_checkpoint, hf_checkpoint=hf_checkpoint)
   return propose_lib.SamplerGenerate(model, load_tokenizer(tokenizer_path), max_new_tokens=max_new_tokens,
                                      temperature=temperature, batch_size=batch_size, seed=seed)
-
-
-def _write_json(path: str, value: Any) -> None:
-  temporary = path + ".tmp"
-  with open(temporary, "w") as f:
-    json.dump(value, f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(temporary, path)
 
 
 @gin.configurable
@@ -144,10 +136,9 @@ def generate_tasks(*, model_dir: str = gin.REQUIRED, envs: Sequence[str] = ENVS,
   filter_config = filters_lib.FilterConfig(jaccard_threshold=jaccard_threshold, near_duplicates=near_duplicates,
                                            decontaminate=decontaminate, drop_too_easy=drop_too_easy,
                                            max_actions=max_actions)
-  os.makedirs(model_dir, exist_ok=True)
-  out = out or os.path.join(model_dir, TASKSET_FILE)
-  with open(os.path.join(model_dir, "config.gin"), "w") as f:
-    f.write(gin.config_str())
+  model_dir = paths.as_path(model_dir)
+  out = out or model_dir / TASKSET_FILE
+  paths.write_text(model_dir / "config.gin", gin.config_str())
   started = time.perf_counter()
   seconds: dict[str, Any] = {}
 
@@ -195,7 +186,8 @@ def generate_tasks(*, model_dir: str = gin.REQUIRED, envs: Sequence[str] = ENVS,
 
   stats = _stats(envs, episodes, proposals, result, llm_counts)
   stats.update(
-      out=os.path.relpath(os.path.abspath(out)), explorer=explorer, proposer=proposer, seed=seed,
+      out=os.path.relpath(out) if paths.is_local(out) else str(out), explorer=explorer, proposer=proposer,
+      seed=seed,
       worlds_per_env=worlds_per_env,
       episodes_per_world=episodes_per_world, max_steps=max_steps, world_slice=[world_start, world_count],
       filter_config={"jaccard_threshold": jaccard_threshold, "near_duplicates": near_duplicates,
@@ -203,9 +195,8 @@ def generate_tasks(*, model_dir: str = gin.REQUIRED, envs: Sequence[str] = ENVS,
                      "drop_too_easy": drop_too_easy, "max_actions": max_actions,
                      "dedup_against_originals": dedup_against_originals},
       seconds={k: (round(v, 4) if isinstance(v, float) else v) for k, v in seconds.items()})
-  _write_json(os.path.join(model_dir, STATS_FILE), stats)
-  with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
-    f.write(gin.operative_config_str())
+  paths.write_json(model_dir / STATS_FILE, stats, sort_keys=True)
+  paths.write_text(model_dir / "operative_config.gin", gin.operative_config_str())
   return stats
 
 

@@ -5,8 +5,8 @@ A task set is a list of `SyntheticTask` records, one JSON object a line:
   {"spec": <TaskSpec JSON>, "actions": [raw action, ...], "description": "...",
    "source": {"proposer": "hindsight" | "llm", "world": <train index explored>, "episode": <its episode>}}
 
-`save_taskset` writes atomically (a temporary file renamed over the target); `load_taskset` validates every line
-and names the line that is wrong.
+`save_taskset` writes atomically through the path layer (`evolver.paths`: local or `gs://`); `load_taskset`
+validates every line and names the line that is wrong.
 
 `TaskMixture` is AgentEvolver's `UnifiedMixtureStrategy.mix_data` (`agentevolver/module/task_manager/
 data_mixture.py`, configured by `task_manager.mixture.use_original_tasks` and `.synthetic_data_ratio`):
@@ -31,14 +31,13 @@ import fractions
 import io
 import json
 import math
-import os
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from evolver import paths
 from evolver.data.trajectory import OPENING_REPLY, Message, Trajectory
 from evolver.envs.base import EnvError, TaskSpec, react_turn
 from evolver.rollout import Task
@@ -130,30 +129,14 @@ def loads_taskset(data: bytes, *, name: str = "task set") -> list[SyntheticTask]
   return records
 
 
-def save_taskset(path: str, records: Sequence[SyntheticTask]) -> None:
-  """Writes `records` to `path` as JSONL, atomically (the file is either the old one or the whole new one)."""
-  _atomic_write(path, dumps_taskset(records))
+def save_taskset(path: paths.PathLike, records: Sequence[SyntheticTask]) -> None:
+  """Writes `records` to `path` (local or a URI, `evolver.paths`) as JSONL, atomically (the file is either the old
+  one or the whole new one)."""
+  paths.write_bytes(path, dumps_taskset(records))
 
 
-def load_taskset(path: str) -> list[SyntheticTask]:
-  with open(path, "rb") as f:
-    return loads_taskset(f.read(), name=path)
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="-" + os.path.basename(path))
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(temporary, path)
-  except BaseException:
-    if os.path.exists(temporary):
-      os.remove(temporary)
-    raise
+def load_taskset(path: paths.PathLike) -> list[SyntheticTask]:
+  return loads_taskset(paths.as_path(path).read_bytes(), name=str(path))
 
 
 # ----------------------------------------------------------------------------------------------------------
