@@ -8,6 +8,9 @@ import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
+# Implementations of attention without a KV cache (`evolver.models.decoder.attention`).
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "splash")
+
 
 def resolve_dtype(name: str | Any) -> Any:
   """Maps 'float32' | 'bfloat16' | 'float16' (or a dtype) to a jnp dtype; anything else is an error."""
@@ -28,6 +31,9 @@ class ModelConfig:
   backward pass (activation checkpointing): 'none' | 'full' | 'dots_saveable'. `causal_block` splits causal
   self-attention without a cache (training, scoring) into query blocks of this many tokens, each attending to
   the keys up to its own end only: the all-masked upper triangle is skipped (0: one block, the full square).
+  `attention_impl` picks the implementation of that attention (`evolver.models.decoder.attention`): 'auto' (the
+  platform's fused kernel where the shapes fit; on CPU the blocked einsums), or 'einsum' | 'xla' | 'cudnn' |
+  'splash' forced. Attention over a KV cache (the sampler) has one implementation on every platform.
   """
 
   vocab_size: int = 32000
@@ -48,6 +54,7 @@ class ModelConfig:
   dtype: str = "float32"
   remat: str = "none"
   causal_block: int = 256
+  attention_impl: str = "auto"
   model_type: str = "qwen2"
 
   def __post_init__(self):
@@ -60,6 +67,8 @@ class ModelConfig:
       raise ValueError(f"hidden_size ({self.hidden_size}) is not divisible by num_heads ({self.num_heads}); set head_dim")
     if self.causal_block < 0:
       raise ValueError(f"causal_block must be >= 0 (0 = one block), got {self.causal_block}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
     if self.remat not in ("none", "full", "dots_saveable"):
       raise ValueError(f"remat must be 'none', 'full' or 'dots_saveable', got {self.remat!r}")
     if self.model_type not in ("qwen2", "llama"):

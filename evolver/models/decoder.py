@@ -9,6 +9,10 @@ Two entry points:
 - `model(input_ids [B, T] int) -> logits [B, T, V] float32`: full causal forward (training, scoring).
 - `model.forward_chunk(tokens, valid, cache) -> (logits, cache)`: runs a chunk of new tokens against a KV cache
   (prefill is a chunk on an empty cache, decoding a chunk of one). Used by the sampler.
+
+Every layer's attention goes through `attention`, which picks the implementation: over a KV cache the cache-aware
+`cached_attention` (reads only the slots in use), without one the platform's fused kernel
+(`ModelConfig.attention_impl`: cuDNN on GPU, splash on TPU, XLA's otherwise) or, on CPU, blocked einsums.
 """
 
 import functools
@@ -20,10 +24,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from evolver.models.config import ModelConfig, resolve_dtype
+from evolver.models import sharding as sharding_lib
+from evolver.models.config import ATTENTION_IMPLS, ModelConfig, resolve_dtype
 from evolver.models.sharding import constrain
 
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+# The logical axes of a KV cache buffer `[B, Hkv, S, hd]` (`evolver.models.sharding` maps them to the mesh).
+CACHE_AXES = ("cache_batch", "cache_kv_heads", "cache_length", "head_dim")
 
 
 class KVCache(NamedTuple):
@@ -215,9 +224,137 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, query_slots: jax.
   return out.reshape(b, hkv, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd)
 
 
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, valid: jax.Array | None = None,
+              access: CacheAccess | None = None, impl: str = "auto", causal_block: int = 0) -> jax.Array:
+  """The decoder's attention: one entry point that picks the implementation by case and platform.
+
+  Attention over a KV cache (`access` given: decode steps and prefill chunks) is `cached_attention` on every
+  platform. Causal self-attention of a chunk without a cache (training, scoring) runs as `impl` says, resolved
+  by `attention_impl_for`: 'einsum' (`causal_block_attention`, the CPU path), 'xla' or 'cudnn'
+  (`jax.nn.dot_product_attention` with that implementation) or 'splash' (the Pallas TPU splash kernel;
+  interpreted off TPU). All give the same outputs for real queries (within float rounding: ~1e-6 in float32).
+
+  Args:
+    q: `[B, T, H, hd]` queries, RoPE applied.
+    k, v: `[B, Hkv, S, hd]`: with `access`, the cache after this chunk's writes (S = capacity); without, the
+      chunk's own keys and values (S = T).
+    valid: `[B, T]` bool, the real tokens of a chunk without a cache (None: all). A query attends to the real keys
+      at or before it; a query with none (leading padding) gets a finite output that no real token reads.
+    access: where the queries read the cache (`CacheAccess`), or None.
+    impl: one of `ATTENTION_IMPLS` (`ModelConfig.attention_impl`).
+    causal_block: the query block of the 'einsum' path (`ModelConfig.causal_block`).
+
+  Returns:
+    `[B, T, H, hd]` in q's dtype.
+  """
+  if access is not None:
+    return cached_attention(q, k, v, access.query_slots, access.num_slots, access.block, access.rows)
+  impl = attention_impl_for(impl, q.dtype, q.shape[1], q.shape[3])
+  if impl == "einsum":
+    b, t = q.shape[:2]
+    keep = jnp.ones((b, t), bool) if valid is None else valid.astype(bool)
+    mask = jnp.tril(jnp.ones((t, t), bool))[None] & keep[:, None, :]
+    return causal_block_attention(q, k, v, mask, causal_block)
+  if impl == "splash":
+    return _splash_attention(q, k, v, valid)
+  return _fused_attention(q, k, v, valid, impl)
+
+
+def attention_impl_for(impl: str, dtype, seq_len: int, head_dim: int, platform: str | None = None) -> str:
+  """The implementation `attention` runs for a chunk without a cache: `impl` unless it is 'auto', which picks on
+  CPU 'einsum' (the blocked path, which skips the masked upper triangle); on CUDA GPUs 'cudnn' (flash attention)
+  for bfloat16/float16, head_dim a multiple of 8 up to 128 and an even length, else 'xla'; on TPU 'splash' when
+  the length is a multiple of 128 and head_dim of 128 (the shapes its kernels are known to take), else 'xla'.
+  `platform` defaults to JAX's default backend."""
+  if impl not in ATTENTION_IMPLS:
+    raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+  if impl != "auto":
+    return impl
+  platform = platform or jax.default_backend()
+  if platform == "gpu":
+    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    fits = half and head_dim % 8 == 0 and head_dim <= 128 and seq_len % 2 == 0
+    return "cudnn" if fits and _is_cuda() else "xla"
+  if platform == "tpu":
+    return "splash" if seq_len % 128 == 0 and head_dim % 128 == 0 else "xla"
+  return "einsum"
+
+
+def _is_cuda() -> bool:
+  import jax.extend.backend
+  return "cuda" in jax.extend.backend.get_backend().platform_version.lower()
+
+
+def _fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array | None, impl: str) -> jax.Array:
+  """`jax.nn.dot_product_attention` ('xla' or 'cudnn'). q `[B, T, H, hd]`; k, v `[B, Hkv, T, hd]`. Without
+  padding the mask is the kernel's own causal one; with padding a dense `[B, 1, T, T]` mask."""
+  k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, T, Hkv, hd], the layout it takes
+  if valid is None:
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+  t = q.shape[1]
+  mask = jnp.tril(jnp.ones((t, t), bool))[None, None] & valid.astype(bool)[:, None, None, :]
+  return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
+
+
+def _splash_block(seq_len: int) -> int:
+  for block in (512, 256, 128):
+    if seq_len % block == 0:
+      return block
+  raise ValueError(f"splash attention needs a length that is a multiple of 128, got {seq_len}")
+
+
+@functools.lru_cache(maxsize=32)
+def _splash_kernel(num_heads: int, seq_len: int, interpret: bool):
+  """A causal GQA splash kernel for one row: q `[H, T, hd]`, k, v `[Hkv, T, hd]`, segment ids `[T]`."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
+  block = _splash_block(seq_len)
+  sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                            block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+  mask = splash.MultiHeadMask([splash.CausalMask((seq_len, seq_len)) for _ in range(num_heads)])
+  with jax.ensure_compile_time_eval():  # its mask tables are concrete arrays, shared by every trace
+    return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
+
+
+def _splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array | None) -> jax.Array:
+  """The Pallas splash kernel (`jax.experimental.pallas.ops.tpu.splash_attention`), interpreted off TPU. q
+  `[B, T, H, hd]`; k, v `[B, Hkv, T, hd]`. Padding is a segment of its own (real tokens 1, padding 0): real
+  queries read real keys only, and every query reads at least itself, so no row of the kernel's mask is empty.
+  Under an active mesh the kernel runs per shard (`jax.shard_map`): rows over the batch axes, heads over the
+  tensor axis when both the query and the KV heads divide it."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
+  b, t, h, hd = q.shape
+  hkv = k.shape[1]
+  qh = (q * jnp.asarray(1.0 / math.sqrt(hd), q.dtype)).transpose(0, 2, 1, 3)  # [B, H, T, hd]; the kernel does not scale
+  segments = jnp.ones((b, t), jnp.int32) if valid is None else valid.astype(jnp.int32)
+  interpret = jax.default_backend() != "tpu"
+  mesh, rules = sharding_lib.active()
+
+  def per_shard(qs, ks, vs, seg):
+    kernel = _splash_kernel(qs.shape[1], t, interpret)
+    return jax.vmap(kernel)(qs, ks, vs, jax.vmap(lambda s: splash.SegmentIds(q=s, kv=s))(seg))
+
+  if mesh is None or mesh.size == 1:
+    out = per_shard(qh, k, v, segments)
+  else:
+    batch = sharding_lib.named_sharding(mesh, ("batch",), (b,), rules).spec[0]
+    heads = sharding_lib.named_sharding(mesh, ("act_heads",), (h,), rules).spec[0]
+    kv_heads = sharding_lib.named_sharding(mesh, ("act_kv_heads",), (hkv,), rules).spec[0]
+    if heads != kv_heads:  # a head axis that one of them does not divide: no head split
+      heads = None
+    q_spec = jax.sharding.PartitionSpec(batch, heads, None, None)
+    out = jax.shard_map(per_shard, mesh=mesh, in_specs=(q_spec, q_spec, q_spec, jax.sharding.PartitionSpec(batch)),
+                        out_specs=q_spec, check_vma=False)(qh, k, v, segments)
+  return out.transpose(0, 2, 1, 3)
+
+
 def _matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """x `[..., K]` @ kernel `[K, ...]` as one 2-D matmul (XLA:CPU runs 2-D dots on its fastest path; an einsum
-  with several free dims on one side was measured 1.6x slower at batch 1)."""
+  with several free dims on one side was measured 1.6x slower at batch 1). Under an active mesh the kernel keeps
+  its axes: merging a split axis with a leading one (the MLP's `[D, 2, F]`, F over tensor) would gather the
+  kernel at every call."""
+  mesh, _ = sharding_lib.active()
+  if mesh is not None and mesh.size > 1:
+    return jax.lax.dot_general(x, kernel.astype(x.dtype), (((x.ndim - 1,), (0,)), ((), ())))
   lead, k = x.shape[:-1], x.shape[-1]
   out = x.reshape(-1, k) @ kernel.reshape(k, -1).astype(x.dtype)
   return out.reshape(*lead, *kernel.shape[1:])
@@ -240,11 +377,11 @@ class Attention(nnx.Module):
     if config.o_bias:
       self.o_bias = _param(rngs, (d,), ("embed",), pdt, init="zeros")
 
-  def __call__(self, x, positions, mask, kv_cache=None, access: CacheAccess | None = None):
-    """x `[B, T, D]`; positions `[B, T]`. Without a cache, self-attention over the chunk with mask `[B, T, T]`.
-    With `kv_cache=(k, v)` `[B, Hkv, S, hd]`, each token's key/value is first written to its row's slot
-    (`access.write_slots`; padding is dropped), then the queries read the cache as `access` says
-    (`cached_attention`); `mask` is unused. Returns (out `[B, T, D]`, (k, v) or None)."""
+  def __call__(self, x, positions, valid=None, kv_cache=None, access: CacheAccess | None = None):
+    """x `[B, T, D]`; positions `[B, T]`. Without a cache, causal self-attention over the chunk, `valid` `[B, T]`
+    bool marking its real tokens (None: all). With `kv_cache=(k, v)` `[B, Hkv, S, hd]`, each token's key/value is
+    first written to its row's slot (`access.write_slots`; padding is dropped), then the queries read the cache as
+    `access` says; `valid` is unused. Both through `attention`. Returns (out `[B, T, D]`, (k, v) or None)."""
     b, t, _ = x.shape
     cfg = self.config
     g = cfg.num_groups
@@ -261,15 +398,15 @@ class Attention(nnx.Module):
       # Advanced indices on the batch and slot axes: the update is laid out [B, T, Hkv, hd], as k and v are.
       k = k_cache.at[rows, :, access.write_slots].set(k.astype(k_cache.dtype), mode="drop")
       v = v_cache.at[rows, :, access.write_slots].set(v.astype(v_cache.dtype), mode="drop")
-      k = constrain(k, ("batch", "act_kv_heads", "cache_length", "head_dim"))
-      v = constrain(v, ("batch", "act_kv_heads", "cache_length", "head_dim"))
-      attn = cached_attention(q, k, v, access.query_slots, access.num_slots, access.block, access.rows)
+      k = constrain(k, CACHE_AXES)
+      v = constrain(v, CACHE_AXES)
+      attn = attention(q, k, v, access=access)
       new_cache = (k, v)
     else:
       k = constrain(k.transpose(0, 2, 1, 3), ("batch", "act_kv_heads", "cache_length", "head_dim"))  # [B, Hkv, T, hd]
       v = constrain(v.transpose(0, 2, 1, 3), ("batch", "act_kv_heads", "cache_length", "head_dim"))
-      # self-attention over the chunk: the Decoder's mask is causal
-      attn = causal_block_attention(q, k.astype(x.dtype), v.astype(x.dtype), mask, cfg.causal_block)
+      attn = attention(q, k.astype(x.dtype), v.astype(x.dtype), valid=valid, impl=cfg.attention_impl,
+                       causal_block=cfg.causal_block)
       new_cache = None
     out = _matmul(attn.reshape(b, t, -1), self.o.get_value().reshape(-1, cfg.hidden_size))
     if cfg.o_bias:
@@ -311,8 +448,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, pdt, rngs=rngs)
     self.mlp = MLP(config, rngs=rngs)
 
-  def __call__(self, x, positions, mask, kv_cache=None, access: CacheAccess | None = None):
-    attn_out, new_cache = self.attn(self.attn_norm(x), positions, mask, kv_cache, access)
+  def __call__(self, x, positions, valid=None, kv_cache=None, access: CacheAccess | None = None):
+    attn_out, new_cache = self.attn(self.attn_norm(x), positions, valid, kv_cache, access)
     x = constrain(x + attn_out, ("batch", "length", "act_embed"))
     x = constrain(x + self.mlp(self.mlp_norm(x)), ("batch", "length", "act_embed"))
     return x, new_cache
@@ -353,14 +490,14 @@ class Decoder(nnx.Module):
       out = jnp.dot(h2, self.lm_head.get_value().astype(h.dtype), preferred_element_type=jnp.float32)
     return constrain(out.reshape(b, t, -1), ("batch", "length", "act_vocab"))
 
-  def _run_layers(self, x, positions, mask, cache: KVCache | None, access: CacheAccess | None = None):
+  def _run_layers(self, x, positions, valid, cache: KVCache | None, access: CacheAccess | None = None):
     new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.keys[i], cache.values[i])
       if self.config.remat != "none" and cache is None:
-        x, _ = nnx.remat(lambda blk, *a: blk(*a), policy=_remat_policy(self.config.remat))(layer, x, positions, mask)
+        x, _ = nnx.remat(lambda blk, *a: blk(*a), policy=_remat_policy(self.config.remat))(layer, x, positions, valid)
       else:
-        x, kv = layer(x, positions, mask, kv, access)
+        x, kv = layer(x, positions, valid, kv, access)
       if kv is not None:
         new_keys.append(kv[0])
         new_values.append(kv[1])
@@ -373,14 +510,11 @@ class Decoder(nnx.Module):
     (default all); padding may sit anywhere, positions count real tokens only."""
     b, t = input_ids.shape
     if valid is None:
-      valid = jnp.ones((b, t), bool)
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     else:
       valid = valid.astype(bool)
       positions = jnp.maximum(jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1, 0)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    mask = causal[None] & valid[:, None, :]
-    x, _, _ = self._run_layers(self.embed_tokens(input_ids), positions, mask, None)
+    x, _, _ = self._run_layers(self.embed_tokens(input_ids), positions, valid, None)
     return x
 
   def __call__(self, input_ids: jax.Array, *, valid: jax.Array | None = None) -> jax.Array:

@@ -18,6 +18,12 @@ Design, for speed on every backend:
   its key and its context only, never on its position in the batch or on the other rows, so callers (the rollout
   engine) can give each episode a key of its own and get the same episode however the work is batched. Greedy
   decoding draws nothing.
+- On a mesh (`Sampler(model, mesh=...)`, or weights that arrive placed on one, as a `Trainer`'s are) the weights
+  are placed by `sharding.SAMPLING_RULES`: tensor-parallel, replicated over (data, fsdp), so no decode step gathers
+  them. The KV cache `[B, Hkv, S, hd]` is sharded by rows over (data, fsdp) and by KV heads over tensor (where
+  they divide), the other per-row state by rows; every program is traced with the mesh active (activations
+  constrained) and pins its outputs to those shardings, so each program's outputs are the next one's inputs as
+  they are: nothing is resharded between calls and nothing compiles twice. Without a mesh nothing of this runs.
 """
 
 import dataclasses
@@ -32,7 +38,8 @@ import numpy as np
 from flax import nnx
 
 from evolver import runtime
-from evolver.models.decoder import Decoder, KVCache, check_token_ids, init_cache
+from evolver.models import sharding
+from evolver.models.decoder import CACHE_AXES, Decoder, KVCache, check_token_ids, init_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,9 +390,40 @@ def _repack_rows(state: "_SlotState", index: jax.Array, live: jax.Array) -> "_Sl
   return dataclasses.replace(picked, active=picked.active & live)
 
 
+def _select_rows(tree, rows: jax.Array):
+  """Rows `rows` `[R]` int32 of every array of `tree` with a row axis (scalars as they are)."""
+  return jax.tree.map(lambda x: x if x.ndim == 0 else x[rows], tree)
+
+
 def _reset_rows(cache: KVCache, rows: jax.Array) -> KVCache:
   """`cache` with rows `rows` `[R]` int32 emptied (length 0; entries >= B are padding)."""
   return cache._replace(lengths=cache.lengths.at[rows].set(0, mode="drop"))
+
+
+def weights_mesh(params: nnx.State) -> jax.sharding.Mesh | None:
+  """The mesh the weights are placed on (their first leaf's `NamedSharding`), or None."""
+  placement = getattr(jax.tree.leaves(params)[0], "sharding", None)
+  return placement.mesh if isinstance(placement, jax.sharding.NamedSharding) else None
+
+
+def sampler_state_shardings(tree, mesh: jax.sharding.Mesh, rules=None):
+  """NamedShardings for a tree of sampler state on `mesh` (arrays or their shapes): each KV cache's buffers
+  `[B, Hkv, S, hd]` by `CACHE_AXES` and its lengths `[B]` by rows, every other array with a leading row axis by
+  rows ('batch'), scalars replicated. An axis that its mesh axes do not divide is replicated."""
+
+  def rows(x):
+    if not x.ndim:
+      return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return sharding.named_sharding(mesh, ("batch",) + (None,) * (x.ndim - 1), x.shape, rules)
+
+  def one(x):
+    if not isinstance(x, KVCache):
+      return rows(x)
+    buffers = lambda xs: tuple(sharding.named_sharding(mesh, CACHE_AXES, b.shape, rules) for b in xs)
+    return KVCache(keys=buffers(x.keys), values=buffers(x.values),
+                   lengths=sharding.named_sharding(mesh, ("cache_batch",), x.lengths.shape, rules))
+
+  return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
 
 
 class Sampler:
@@ -397,7 +435,8 @@ class Sampler:
   """
 
   def __init__(self, model: Decoder, *, attention_block: int = 256, chunk_bucket: int = 16,
-               max_length: int | None = None, prefill_piece: int = 64, compact_decode: bool = True):
+               max_length: int | None = None, prefill_piece: int = 64, compact_decode: bool = True,
+               mesh: jax.sharding.Mesh | None = None, rules=None):
     """
     Args:
       attention_block: attention reads the cache this many slots at a time, as far as the longest row reaches
@@ -415,12 +454,18 @@ class Sampler:
       compact_decode: within a call, once half the rows have stopped, decode the live ones in a smaller batch (a
         power of two, at least 8 rows; rows gathered, and scattered back when the call ends): decode steps cost
         closer to what the live rows need than the turn's longest row times the whole batch. Same tokens either way.
+      mesh: sample on this mesh (see the module's docstring). Default: the mesh the model's weights are placed on,
+        if any (else one device, as the weights are).
+      rules: the logical-axis rules on the mesh (default `sharding.SAMPLING_RULES`).
     """
     self.compact_decode = compact_decode
     if prefill_piece % chunk_bucket:
       raise ValueError(f"prefill_piece ({prefill_piece}) must be a multiple of chunk_bucket ({chunk_bucket})")
     self.prefill_piece = prefill_piece
-    self.graphdef, self.params = nnx.split(model)
+    self.graphdef, params = nnx.split(model)
+    self.rules = tuple(rules) if rules is not None else sharding.SAMPLING_RULES
+    self.mesh = mesh if mesh is not None else weights_mesh(params)
+    self.params = self._place(params)
     self.config = model.config
     if attention_block < 1:
       raise ValueError(f"attention_block must be >= 1, got {attention_block}")
@@ -434,24 +479,60 @@ class Sampler:
     self.capacity = _round_up(self.max_length, min(attention_block, self.max_length))
     self._block = min(attention_block, self.capacity)
     self._key_shape = raw_key_shape()
-    self._prefill = jax.jit(self._prefill_impl, static_argnames=("static",), donate_argnums=(1,))
-    self._decode = jax.jit(self._decode_impl, static_argnames=("static",), donate_argnums=(1,))
-    self._extend = jax.jit(self._extend_impl, donate_argnums=(1,))
-    self._extend_rows = jax.jit(self._extend_rows_impl, donate_argnums=(1,))
-    self._select = jax.jit(lambda tree, idx: jax.tree.map(lambda x: x if x.ndim == 0 else x[idx], tree))
-    self._gather_rows = jax.jit(_gather_rows)
-    self._begin = jax.jit(self._begin_impl, static_argnames=("static",), donate_argnums=(1,))
-    self._decode_slots = jax.jit(self._decode_slots_impl, static_argnames=("static",), donate_argnums=(1,))
-    self._reset_rows = jax.jit(_reset_rows, donate_argnums=(0,))
-    self._empty_slots = jax.jit(self._empty_slots_impl, static_argnums=(0, 1))
-    self._repack = jax.jit(_repack_rows)
-    self._scatter_rows = jax.jit(_scatter_rows, donate_argnums=(0,))
+    self._build_programs()
     self.stats = SamplerStats()  # cumulative; `stats.minus(copy)` gives one stretch of work
     self._compiles = runtime.compile_log()
 
+  def _build_programs(self) -> None:
+    """The jitted programs (traced on first use, on the sampler's mesh if it has one)."""
+    program = self._program
+    self._prefill = program(self._prefill_impl, static_argnames=("static",), donate_argnums=(1,))
+    self._decode = program(self._decode_impl, static_argnames=("static",), donate_argnums=(1,))
+    self._extend = program(self._extend_impl, donate_argnums=(1,))
+    self._extend_rows = program(self._extend_rows_impl, donate_argnums=(1,))
+    self._select = program(_select_rows)
+    self._gather_rows = program(_gather_rows)
+    self._begin = program(self._begin_impl, static_argnames=("static",), donate_argnums=(1,))
+    self._decode_slots = program(self._decode_slots_impl, static_argnames=("static",), donate_argnums=(1,))
+    self._reset_rows = program(_reset_rows, donate_argnums=(0,))
+    self._empty_slots = program(self._empty_slots_impl, static_argnums=(0, 1))
+    self._empty_cache = program(self._empty_cache_impl, static_argnums=(0,))
+    self._repack = program(_repack_rows)
+    self._scatter_rows = program(_scatter_rows, donate_argnums=(0,))
+
+  def _program(self, fn, **jit_kwargs):
+    """`jax.jit(fn)`; on a mesh, traced with the mesh active and its outputs pinned (`_pin`)."""
+    if self.mesh is None:
+      return jax.jit(fn, **jit_kwargs)
+    mesh, rules, pin = self.mesh, self.rules, self._pin
+
+    @functools.wraps(fn)
+    def on_mesh(*args, **kwargs):
+      with sharding.activate(mesh, rules):
+        return pin(fn(*args, **kwargs))
+
+    return jax.jit(on_mesh, **jit_kwargs)
+
+  def _pin(self, tree):
+    """On a mesh, constrains sampler state (traced) to `sampler_state_shardings`; without one, `tree` as it is."""
+    if self.mesh is None:
+      return tree
+    return jax.lax.with_sharding_constraint(tree, sampler_state_shardings(tree, self.mesh, self.rules))
+
+  def _place(self, params: nnx.State) -> nnx.State:
+    """The weights on the sampler's mesh by its rules (moved only where they are placed otherwise)."""
+    if self.mesh is None:
+      return params
+    return jax.device_put(params, sharding.state_shardings(params, self.mesh, self.rules))
+
   def update_params(self, params: nnx.State) -> None:
-    """Swaps in new weights (same structure), e.g. after a train step."""
-    self.params = params
+    """Swaps in new weights (same structure), e.g. after a train step. On a mesh they are placed by the sampler's
+    rules: a Trainer's FSDP-sharded weights are gathered over fsdp here, once, not at every decode step. Weights
+    placed on a mesh given to a sampler without one bring it their mesh (its programs then trace again)."""
+    if self.mesh is None and weights_mesh(params) is not None:
+      self.mesh = weights_mesh(params)
+      self._build_programs()
+    self.params = self._place(params)
 
   # -- jitted pieces ------------------------------------------------------------------------------------
 
@@ -501,8 +582,8 @@ class Sampler:
       tokens = jax.lax.dynamic_update_slice(s.tokens, jnp.where(live, token, -1)[:, None], (0, s.step))
       logprobs = jax.lax.dynamic_update_slice(s.logprobs, jnp.where(live, logprob, 0.0)[:, None], (0, s.step))
       done = s.done | (live & jnp.isin(token, knobs.stop_ids))
-      return _LoopState(cache=cache, last_token=jnp.where(live, token, s.last_token), done=done, tokens=tokens,
-                        logprobs=logprobs, step=s.step + 1, row_keys=s.row_keys)
+      return self._pin(_LoopState(cache=cache, last_token=jnp.where(live, token, s.last_token), done=done,
+                                  tokens=tokens, logprobs=logprobs, step=s.step + 1, row_keys=s.row_keys))
 
     return jax.lax.while_loop(cond, body, state)
 
@@ -543,11 +624,11 @@ class Sampler:
       rows = jnp.arange(b)
       pos = s.pos + live
       active = live & ~jnp.isin(token, knobs.stop_ids) & (pos < knobs.max_new) & (cache.lengths < max_length)
-      return dataclasses.replace(
+      return self._pin(dataclasses.replace(
           s, cache=cache, last_token=jnp.where(live, token, s.last_token), active=active,
           tokens=s.tokens.at[rows, column].set(token, mode="drop"),
           logprobs=s.logprobs.at[rows, column].set(logprob, mode="drop"), pos=pos, steps=s.steps + 1,
-          live_row_steps=s.live_row_steps + jnp.sum(live, dtype=jnp.int32))
+          live_row_steps=s.live_row_steps + jnp.sum(live, dtype=jnp.int32)))
 
     return jax.lax.while_loop(cond, body, state)
 
@@ -613,7 +694,12 @@ class Sampler:
     if needed > self.max_length:
       raise ValueError(f"prompt does not fit the cache: a row would hold {needed - 1} tokens and sample one more, "
                        f"> max_length {self.max_length}; shorten the conversation or raise max_length")
-    cache = init_cache(self.config, batch, self.capacity) if session is None else session.cache
+    if session is not None:
+      cache = session.cache
+    elif self.mesh is None:
+      cache = init_cache(self.config, batch, self.capacity)
+    else:
+      cache = self._empty_cache(batch)
 
     num_new = sampling.max_new_tokens
     static, knobs = _split_params(sampling)
@@ -748,14 +834,13 @@ class Sampler:
     return Slots(state=state, sampling=sampling, open=np.zeros(batch, bool))
 
   def _new_slot_state(self, batch: int, width: int) -> "_SlotState":
-    """Empty slots placed as the weights are (replicated over their mesh, when they have one): the outputs of
-    every program that reads the weights are, and a cache placed otherwise would be a different input type to
-    each slot program (compiled again for it: the first turn's prefill after `precompile_slots`)."""
-    state = self._empty_slots(batch, width)
-    weights = getattr(jax.tree.leaves(self.params)[0], "sharding", None)
-    if isinstance(weights, jax.sharding.NamedSharding):
-      state = jax.device_put(state, jax.sharding.NamedSharding(weights.mesh, jax.sharding.PartitionSpec()))
-    return state
+    """Empty slots, on the sampler's mesh placed as every slot program's outputs are (`_pin`): a state placed
+    otherwise would be a different input type to each slot program (compiled again for it: the first turn's
+    prefill after `precompile_slots`)."""
+    return self._empty_slots(batch, width)
+
+  def _empty_cache_impl(self, batch: int) -> KVCache:
+    return init_cache(self.config, batch, self.capacity)
 
   def _empty_slots_impl(self, batch: int, width: int) -> _SlotState:
     return _SlotState(cache=init_cache(self.config, batch, self.capacity), last_token=jnp.zeros(batch, jnp.int32),

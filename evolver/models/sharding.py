@@ -4,6 +4,10 @@ The mesh has three axes: `data` (pure data parallelism), `fsdp` (data parallelis
 optimizer state sharded) and `tensor` (tensor/model parallelism). Parameters carry `logical_axes` metadata;
 activations are constrained with `constrain(x, logical_axes)` inside jitted code, which is a no-op unless a
 mesh is active (`with activate(mesh):`), so the same model code runs on one device and on a pod.
+
+Two tables: `DEFAULT_RULES` for training (parameters sharded over `fsdp` and `tensor`) and `SAMPLING_RULES` for
+decoding, where the weights are sharded over `tensor` only: a decode step reads every weight once, and weights
+sharded over `fsdp` would be gathered at every step.
 """
 
 import contextlib
@@ -36,8 +40,16 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("act_heads", "tensor"),
     ("act_kv_heads", "tensor"),
     ("act_vocab", "tensor"),
+    ("cache_batch", ("data", "fsdp")),
+    ("cache_kv_heads", "tensor"),
     ("cache_length", None),
 )
+
+# Decoding: the same table with the weights replicated over (data, fsdp), tensor-parallel only. Activations and
+# the KV cache `[B, Hkv, S, hd]` are sharded as in training: rows over (data, fsdp), KV heads over tensor (where
+# they divide it; else replicated over tensor).
+SAMPLING_RULES: tuple[tuple[str, Any], ...] = tuple((name, None if name == "embed" else target)
+                                                    for name, target in DEFAULT_RULES)
 
 
 @dataclasses.dataclass
@@ -128,6 +140,11 @@ def activate(mesh: Mesh | None, rules=None) -> Iterator[None]:
     yield
   finally:
     _ACTIVE.mesh, _ACTIVE.rules = previous
+
+
+def active() -> tuple[Mesh | None, tuple[tuple[str, Any], ...]]:
+  """The mesh and rules that `activate` set (None and the default rules outside any `activate` block)."""
+  return _ACTIVE.mesh, _ACTIVE.rules
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
