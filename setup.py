@@ -33,6 +33,10 @@ EXTRAS_REQUIRE = {
         # Reference checks against transformers' PyTorch models only; the CPU wheel.
         "torch==2.13.0",
     ],
+    # Accelerators: JAX's TPU runtime (libtpu, for TPU VMs: launch/tpu_pod.sh installs it) and its CUDA 12 build.
+    # Either also lets `python -m launch.aot` compile for that hardware on a CPU-only host.
+    "tpu": ["jax[tpu]"],
+    "cuda": ["jax[cuda12]"],
 }
 
 setuptools.setup(

@@ -1,5 +1,7 @@
 """gin_configs/real/: a real-model run config, end to end on a tiny Qwen2 checkpoint that transformers makes here
-(bf16 compute, float32 master weights, the chunked LM head, microbatches); without a checkpoint, a clear error.
+(bf16 compute, float32 master weights, the chunked LM head, microbatches); without a checkpoint, a clear error. Every
+real config parses and every one of its bindings resolves (without weights); the Qwen2.5-7B ones carry AgentEvolver's
+hyper-parameters and their hardware's mesh.
 
   python -m pytest tests/train/test_real_config.py -q
 """
@@ -68,3 +70,83 @@ def test_without_a_checkpoint_the_real_config_says_what_to_set(tmp_path):
   assert proc.returncode != 0 and "HF_CHECKPOINT" in proc.stderr[-2000:]
   proc = launch(f"MODEL_DIR = '{tmp_path / 'run'}'", f"HF_CHECKPOINT = '{tmp_path / 'nothing'}'")
   assert proc.returncode != 0 and "is not a directory" in proc.stderr[-2000:]
+
+
+REAL_CONFIGS = sorted(f"gin_configs/real/{name}" for name in os.listdir(os.path.join(ROOT, "gin_configs", "real"))
+                      if name.endswith(".gin"))
+
+# In a fresh process (gin's state is global), for each config: parse it with a checkpoint path that need not exist,
+# resolve the bindings of everything a GRPO run calls (macros, references, and the extensions it would construct)
+# and print one JSON line of what the tests check.
+RESOLVE = """
+import json, sys
+import gin
+from evolver.train import gin_config
+from evolver.models.config import ModelConfig
+from evolver.train.loop import LoopConfig
+from evolver.train.slices import TaskSlices
+from evolver.train.trainer import TrainerConfig
+
+def flat(value):
+  if isinstance(value, dict):
+    return [v for item in value.values() for v in flat(item)]
+  if isinstance(value, (list, tuple)):
+    return [v for item in value for v in flat(item)]
+  return [value]
+
+for config in sys.argv[1:]:
+  gin.clear_config()
+  gin_config.parse([config], ["MODEL_DIR = 'runs/x'", "HF_CHECKPOINT = '/nowhere/Qwen2.5-7B-Instruct'"])
+  resolved = {name: gin.get_bindings(name) for name in ("run", "train_grpo", "het_ppo_loss_fn", "make_optimizer",
+                                                        "init_policy")}
+  assert not [v for v in flat(resolved) if v is gin.REQUIRED], (config, resolved)
+  model, trainer, loop, slices = ModelConfig(), TrainerConfig(), LoopConfig(), TaskSlices()
+  slices.check_disjoint("val", "explore")
+  grpo, loss, opt = resolved["train_grpo"], resolved["het_ppo_loss_fn"], resolved["make_optimizer"]
+  print(json.dumps({
+      "config": config, "loop": resolved["run"]["loop"].__name__, "tokenizer_path": grpo["tokenizer_path"],
+      "hf_checkpoint": grpo["hf_checkpoint"], "group_size": grpo.get("group_size"),
+      "tasks_per_step": grpo.get("tasks_per_step"), "temperature": grpo.get("temperature"),
+      "max_rounds": grpo.get("max_rounds"), "extensions": [type(e).__name__ for e in grpo["extensions"]],
+      "lr": opt["learning_rate"], "kl_coef": loss["kl_coef"], "clip_high": loss["clip_high"],
+      "off_clip_high": loss["off_clip_high"], "eval_max_rounds": loop.eval_max_rounds,
+      "mesh": [trainer.mesh_data, trainer.mesh_fsdp, trainer.mesh_tensor], "microbatches": trainer.num_microbatches,
+      "num_minibatches": grpo.get("num_minibatches"), "params": model.num_params(), "dtype": model.dtype,
+      "experience": {k: getattr(e, k) for e in grpo["extensions"] for k in ("train_rollout_mode", "rollout_ratio",
+                     "train_sample_mode", "retrieve_top_k", "updated_freq")}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def resolved():
+  proc = subprocess.run([sys.executable, "-c", RESOLVE, *REAL_CONFIGS], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+  return {row["config"]: row for row in rows}
+
+
+@pytest.mark.parametrize("config", REAL_CONFIGS)
+def test_every_binding_of_a_real_config_resolves_without_weights(resolved, config):
+  got = resolved[config]
+  assert got["loop"] == "train_grpo" and got["hf_checkpoint"] == got["tokenizer_path"] == "/nowhere/Qwen2.5-7B-Instruct"
+  assert got["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("config, mesh, tasks, num_minibatches, microbatches", [
+    ("gin_configs/real/qwen2_5_7b_grpo_exp_8gpu.gin", [1, 8, 1], 8, 4, 2),
+    ("gin_configs/real/qwen2_5_7b_grpo_exp_v5p64.gin", [4, 8, 1], 32, 4, 1),
+])
+def test_the_qwen7b_configs_carry_agentevolvers_recipe_and_their_mesh(resolved, config, mesh, tasks, num_minibatches,
+                                                                      microbatches):
+  got = resolved[config]
+  assert {k: got[k] for k in ("group_size", "temperature", "max_rounds", "lr", "kl_coef", "clip_high",
+                              "off_clip_high", "eval_max_rounds")} == {
+      "group_size": 8, "temperature": 0.9, "max_rounds": 30, "lr": 1e-6, "kl_coef": 0.001, "clip_high": 0.28,
+      "off_clip_high": 0.6, "eval_max_rounds": 30}
+  assert got["extensions"] == ["ExperienceManager"]
+  assert got["experience"] == {"train_rollout_mode": "mixed", "rollout_ratio": 0.5, "train_sample_mode": "alldiscard",
+                               "retrieve_top_k": 3, "updated_freq": 1}
+  assert 7.6e9 < got["params"] < 7.7e9  # Qwen2.5-7B's shapes (what launch.aot compiles)
+  assert got["mesh"] == mesh and got["tasks_per_step"] == tasks
+  assert got["num_minibatches"] == num_minibatches and got["microbatches"] == microbatches
