@@ -6,9 +6,7 @@ import os
 
 import pytest
 
-from evolver.data import batching, expert
 from evolver.models import ModelConfig, make_model
-from evolver.models.tokenizer import load_tokenizer
 from evolver.train import checkpoints as ckpt_lib
 from evolver.train import metrics as metrics_lib
 from evolver.train import optimizer as optimizer_lib
@@ -35,18 +33,6 @@ class Counter:
   def load_state_files(self, files):
     self.loaded = dict(files)
     self.seen = json.loads(files["seen.json"]) if files else []
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-  return load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def batch(tokenizer):
-  trajectories = [expert.expert_trajectory("sql", i) for i in range(2)]
-  out = batching.batch_trajectories(trajectories, tokenizer, buckets=(512, 1024, 1536), batch_size=8)
-  return {k: out[k] for k in ("input_ids", "loss_mask")}
 
 
 def make_loop(model_dir, tokenizer, owner, *, val=(), eval_every=0, eval_tasks=0, checkpoint_every=2):

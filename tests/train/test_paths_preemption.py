@@ -24,10 +24,8 @@ from etils.epath import backend as epath_backend
 from fsspec.implementations.memory import MemoryFileSystem
 
 from evolver import paths
-from evolver.data import batching, expert
 from evolver.experience.records import TaskMemory
 from evolver.models import ModelConfig, make_model
-from evolver.models.tokenizer import load_tokenizer
 from evolver.train import checkpoints as ckpt_lib
 from evolver.train import evaluation, explorations
 from evolver.train import experience as experience_lib
@@ -178,18 +176,6 @@ def test_experience_store_is_local_and_its_snapshot_restores_elsewhere(bucket, t
 
 
 # -- preemption --------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-  return load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def batch(tokenizer):
-  trajectories = [expert.expert_trajectory("sql", i) for i in range(2)]
-  out = batching.batch_trajectories(trajectories, tokenizer, buckets=(512, 1024, 1536), batch_size=8)
-  return {k: out[k] for k in ("input_ids", "loss_mask")}
 
 
 def make_loop(model_dir, tokenizer):
