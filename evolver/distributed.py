@@ -5,9 +5,9 @@
 
 Every process runs the same Python program in lockstep. What differs per process:
 - rollouts: a run's tasks are split by group (a task's samples stay on one host, so GRPO's baselines are whole)
-  over the processes (`own_groups`); each host steps its own envs with its own local copy of the policy
-  (`local_copy`), and the trajectories are gathered (`allgather_objects`) so that every host holds the same list,
-  in the same order, as a single process would. An episode's randomness derives from (seed, task, occurrence,
+  over the processes (`own_groups`); each host steps its own envs with its own copy of the policy on its own
+  devices (`local_copy`), and the trajectories are gathered (`allgather_objects`) so that every host holds the
+  same list, in the same order, as a single process would. An episode's randomness derives from (seed, task, occurrence,
   sample) only, so the rollouts do not depend on the number of hosts.
 - arrays: the train state lives on the global mesh; host numpy batches (the same on every host, computed from the
   same gathered rollouts) become global arrays with `put_global`, and results come back with `to_host`.
@@ -125,13 +125,14 @@ def to_host(x: jax.Array | np.ndarray) -> np.ndarray:
 
 
 def local_copy(tree: Any) -> Any:
-  """A copy of a tree of global arrays on this process's first local device (gathering the pieces other hosts
-  hold): what a host's own sampler runs with. With one process (or arrays this process holds whole) the tree is
-  returned as is."""
+  """A whole copy of a tree of global arrays on this process's own devices (gathering the pieces other hosts
+  hold), replicated over `local_mesh()`: what a host's own sampler runs with (`Sampler` samples on the mesh its
+  weights are on, re-placing them by its rules: rows split over the host's devices, nothing gathered per step).
+  With one process (or arrays this process holds whole) the tree is returned as is."""
   leaves = jax.tree.leaves(tree)
   if jax.process_count() == 1 or all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves):
     return tree
-  device = jax.local_devices()[0]
+  here = jax.sharding.NamedSharding(local_mesh(), jax.sharding.PartitionSpec())
 
   def replicate(x):
     if not isinstance(x, jax.Array) or x.is_fully_addressable:
@@ -139,9 +140,15 @@ def local_copy(tree: Any) -> Any:
     if not x.is_fully_replicated:
       x = jax.jit(lambda v: v, out_shardings=jax.sharding.NamedSharding(x.sharding.mesh,
                                                                        jax.sharding.PartitionSpec()))(x)
-    return jax.device_put(x.addressable_data(0), device)
+    return jax.device_put(x.addressable_data(0), here)
 
   return jax.tree.map(replicate, tree)
+
+
+def local_mesh() -> jax.sharding.Mesh:
+  """This process's devices as a (data, fsdp, tensor) mesh, all on `data`: a host's own sampling mesh."""
+  from evolver.models import sharding
+  return sharding.make_mesh(data=-1, fsdp=1, tensor=1, devices=jax.local_devices())
 
 
 def sort_by_group(items: Sequence[Any]) -> list[Any]:

@@ -177,7 +177,7 @@ class Loop:
   def sync_policy(self, params: nnx.State | None = None) -> RolloutEngine:
     """Puts the trainer's current weights (or `params`) into the engine's sampler, as a copy in
     `ModelConfig.param_dtype` (`Trainer.policy_params`; in a multi-process run, a whole copy on this process's
-    first device, `distributed.local_copy`: each host samples its own episodes); returns the engine."""
+    devices, `distributed.local_copy`: each host samples its own episodes); returns the engine."""
     engine = self.engine
     engine.sampler.update_params(distributed.local_copy(self.trainer.policy_params(params)))
     return engine
