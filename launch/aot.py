@@ -443,10 +443,10 @@ def analyze(plan: Plan, topology: Topology, mesh, programs: tuple[str, ...]) -> 
       _compile("train_step", lambda: train.lower(state, batch), results,
                f"{shape}, {tc.num_microbatches} microbatches")
     if "score" in programs:
-      # (host numpy ids, as `rl.behaviour_logprobs` passes them: replicated over the weights' devices)
+      # (host numpy ids, as `rl.behaviour_logprobs` passes them: the same on every device, then split by rows)
       ids = jax.ShapeDtypeStruct((plan.rows, plan.length), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
       master_placed = _abstract(state.params, state_sharding.params)
-      _compile("score", lambda: rl_lib._logprobs.lower(graphdef, master_placed, ids, plan.head_chunk_rows),
+      _compile("score", lambda: rl_lib._logprobs.lower(graphdef, master_placed, ids, plan.head_chunk_rows, mesh),
                results, shape)
 
   if "sampler_prefill" in programs or "sampler_decode" in programs:

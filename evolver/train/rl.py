@@ -43,6 +43,7 @@ from transformers import PreTrainedTokenizerBase
 from evolver import distributed
 from evolver import runtime
 from evolver.data import batching
+from evolver.models import sharding
 from evolver.models import tokenizer as tokenizer_lib
 from evolver.models.decoder import Decoder
 from evolver.rl import losses
@@ -98,10 +99,17 @@ def het_ppo_loss_fn(model: Decoder, batch: step_lib.Batch, normalizers: step_lib
   return loss, metrics
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _logprobs(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array,
-              head_chunk_rows: int | None = None) -> jax.Array:
-  return step_lib.policy_logprobs(nnx.merge(graphdef, params), input_ids, head_chunk_rows)
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _logprobs(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array, head_chunk_rows: int | None = None,
+              mesh: jax.sharding.Mesh | None = None) -> jax.Array:
+  """`[B, T]` log-probabilities of `input_ids` `[B, T]` (host ids, the same on every process). With `mesh` (the
+  trainer's), the rows are split over its data-parallel devices and activations constrained as in the train step:
+  each device scores its share of the rows (replicated ids would make every device score the whole batch)."""
+  with sharding.activate(mesh):
+    if mesh is not None:
+      input_ids = jax.lax.with_sharding_constraint(input_ids, sharding.named_sharding(mesh, ("batch", None),
+                                                                                        input_ids.shape))
+    return step_lib.policy_logprobs(nnx.merge(graphdef, params), input_ids, head_chunk_rows)
 
 
 def rollout_metrics(rolled: RolloutBatch, kept: Sequence[Rollout], buckets: Sequence[int]) -> dict[str, Any]:
@@ -147,10 +155,10 @@ def rollout_time_metrics(rolled: RolloutBatch) -> dict[str, float]:
 
 def behaviour_logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: dict[str, np.ndarray],
                        buckets: Sequence[int], num_chunks: int, head_chunk_rows: int | None = None,
-                       chunk_rows: int | None = None) -> np.ndarray:
+                       chunk_rows: int | None = None, mesh: jax.sharding.Mesh | None = None) -> np.ndarray:
   """`[B, T]` log-probabilities of a batch's tokens under `params`, computed on rows grouped by length, each
   chunk cut to its own longest bucket (right padding: every kept token's value is unchanged) and padded to
-  `chunk_rows` rows (default: `row_bucket` of its own rows)."""
+  `chunk_rows` rows (default: `row_bucket` of its own rows), its rows split over `mesh` (`_logprobs`)."""
   out = np.zeros_like(batch["loss_mask"])
   for chunk in np.array_split(np.argsort(batch["lengths"], kind="stable"), num_chunks):
     if not chunk.size:
@@ -158,7 +166,8 @@ def behaviour_logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: dict[st
     ids = batching.take_rows(batch, chunk, buckets, keys=("input_ids",))["input_ids"]
     rows = max(chunk_rows or 0, row_bucket(len(chunk)))
     ids = np.concatenate([ids, np.zeros((rows - len(chunk), ids.shape[1]), ids.dtype)])
-    out[chunk, :ids.shape[1]] = distributed.to_host(_logprobs(graphdef, params, ids, head_chunk_rows))[:len(chunk)]
+    logp = _logprobs(graphdef, params, ids, head_chunk_rows, mesh)
+    out[chunk, :ids.shape[1]] = distributed.to_host(logp)[:len(chunk)]
   return out
 
 
@@ -221,7 +230,7 @@ def precompile_updates(trainer: trainer_lib.Trainer, params: Sequence[nnx.State]
   for length in buckets:
     ids = np.zeros((rows, length), dtypes["input_ids"])
     for p in params:
-      jax.block_until_ready(_logprobs(trainer.graphdef, p, ids, head_chunk_rows))
+      jax.block_until_ready(_logprobs(trainer.graphdef, p, ids, head_chunk_rows, trainer.mesh))
       done += 1
     done += trainer.precompile_step({k: jax.ShapeDtypeStruct((rows, length), d) for k, d in dtypes.items()})
   runtime.return_free_memory()  # (what compiling them freed)
@@ -266,7 +275,7 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   for key, params in (("old_logp", trainer.state.params), ("ref_logp", ref_params)):
     started = time.perf_counter()
     batch[key] = behaviour_logprobs(trainer.graphdef, params, batch, buckets, num_minibatches, head_chunk_rows,
-                                    chunk_rows=rows)
+                                    chunk_rows=rows, mesh=trainer.mesh)
     row[f"time/{key}_s"] = time.perf_counter() - started
   started = time.perf_counter()
   updates = ppo_updates(trainer, batch, buckets, epochs=ppo_epochs, num_minibatches=num_minibatches, rng=rng,

@@ -16,7 +16,7 @@ from flax import nnx
 
 from evolver import runtime
 from evolver.data import batching
-from evolver.models import ModelConfig, make_model
+from evolver.models import ModelConfig, make_model, sharding
 from evolver.models.tokenizer import load_tokenizer
 from evolver.rollout import RolloutConfig, RolloutEngine, Task
 from evolver.train import advantages, rl
@@ -225,6 +225,21 @@ def test_chunked_head_loss_equals_full_logits():
   with pytest.raises(ValueError, match="entropy bonus needs the full logits"):
     rl.het_ppo_loss_fn(nnx.merge(graphdef, params), batch, step_lib.batch_normalizers(batch), entropy_coeff=0.1,
                        head_chunk_rows=16)
+
+
+def test_scoring_on_the_trainer_mesh_splits_its_rows_and_equals_one_device():
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 fake devices")
+  graphdef, params = nnx.split(make_model(SMALL, seed=2))
+  ids = np.random.default_rng(1).integers(0, SMALL.vocab_size, size=(8, 24)).astype(np.int32)
+  alone = np.asarray(rl._logprobs(graphdef, params, ids))
+  mesh = sharding.make_mesh(data=2, fsdp=4)
+  placed = jax.device_put(params, sharding.state_shardings(params, mesh))
+  split = rl._logprobs(graphdef, placed, ids, None, mesh)
+  assert split.sharding.spec[0] == ("data", "fsdp")  # each device scored its share of the rows
+  np.testing.assert_allclose(np.asarray(split), alone, atol=1e-5)
+  batch = {"input_ids": ids, "loss_mask": np.ones(ids.shape, np.float32), "lengths": np.full(8, 24)}
+  np.testing.assert_allclose(rl.behaviour_logprobs(graphdef, placed, batch, (24,), 2, mesh=mesh), alone, atol=1e-5)
 
 
 class _RecordingTrainer:
