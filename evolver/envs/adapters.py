@@ -1,7 +1,9 @@
-"""How `RemoteEnv` speaks to each kind of env server: ours, and AgentGym's per-env servers.
+"""How `RemoteEnv` speaks to each kind of env server: ours, AgentGym's per-env servers, and AgentEvolver's
+EnvService.
 
 An adapter turns the Env calls into one server's requests and its answers back into Env results. Ours is
-uniform (`EvolverAdapter`); AgentGym's servers each differ (read from their code):
+uniform (`EvolverAdapter`); AgentGym's servers each differ (read from their code; ALFWorld, ScienceWorld,
+WebShop, SQLGym and the ToolUsage servers are described on their adapters below):
 
 - TextCraft: `/create` takes `{commands, goal}` and answers `{id, observation, reward, done}` (it picks a
   task at once); `/reset {id, data_idx}`; `/step {id, action}` -> `{observation, reward, done}`;
@@ -18,12 +20,15 @@ uniform (`EvolverAdapter`); AgentGym's servers each differ (read from their code
 
 Their servers have no expert, no instruction, no splits, no task specs, no state keys, no explorations and no
 target keys: the adapter carries an instruction of its own, and the caller maps our splits onto their index
-space with `task_ranges`.
+space with `task_ranges`. AgentEvolver's EnvService (`EnvServiceAdapter`) lists task ids per split of its own,
+keys sessions on instance ids the client may choose, and scores an episode on `/evaluate`.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import uuid
 from typing import Any, Protocol
 
 from evolver.envs import base
@@ -234,6 +239,11 @@ def _not_ours(http: Http, status: int, answer: Any) -> str:
 _LOST_SESSION = re.compile(r"id \S+ is not valid|has been deleted|not valid", re.IGNORECASE)
 
 
+def _clamp(value: Any) -> float:
+  """A server's reward or score as a reward in [0, 1]."""
+  return min(1.0, max(0.0, float(value)))
+
+
 class AgentGymAdapter(Adapter):
   """Shared by AgentGym's servers: 200 + {"error"} answers, one index space, ReAct parsed client-side."""
 
@@ -277,7 +287,7 @@ class AgentGymAdapter(Adapter):
 
   def step(self, http: Http, session: int, turn: str) -> tuple[str, float, bool, dict[str, Any]]:
     answer = self._post(http, "/step", {"id": session, "action": self.action(turn)})
-    reward = min(1.0, max(0.0, float(answer.get("reward", 0.0))))
+    reward = _clamp(answer.get("reward", 0.0))
     return answer["observation"], reward, bool(answer["done"]), {"success": reward >= 1.0}
 
 
@@ -315,7 +325,7 @@ class BabyAIAdapter(AgentGymAdapter):
   def step(self, http: Http, session: int, turn: str) -> tuple[str, float, bool, dict[str, Any]]:
     answer = self._post(http, "/step", {"id": session, "action": self.action(turn).lower()})
     # Their client reports `score` as the reward; BabyAI's reward is positive only on success.
-    reward = min(1.0, max(0.0, float(answer.get("score", answer.get("reward", 0.0)))))
+    reward = _clamp(answer.get("score", answer.get("reward", 0.0)))
     done = bool(answer["done"])
     return answer["observation"], reward, done, {"success": done and reward > 0.0}
 
@@ -355,9 +365,373 @@ class LmrlWordleAdapter(AgentGymAdapter):
     return action
 
 
-AGENTGYM_ADAPTERS: dict[str, type[AgentGymAdapter]] = {
-    "textcraft": TextCraftAdapter, "babyai": BabyAIAdapter, "maze": LmrlMazeAdapter, "wordle": LmrlWordleAdapter}
+def _one_line(text: str) -> str:
+  return " ".join(text.split())
 
-# What AgentGym's servers call themselves on `GET /` ("This is environment <name>.") -> our env names.
+
+class AlfWorldAdapter(AgentGymAdapter):
+  """AgentGym's ALFWorld server (agentenv-alfworld/agentenv_alfworld/server.py and env_wrapper.py).
+
+  `/create` takes no body and answers `{id}`; `/reset {id, game, world_type}` (world_type one of "Text",
+  "Embody", "Hybrid"; their client sends "Text") answers `{id, observation, available_actions, task_type}`;
+  `/step {id, action}` answers `{observation, reward, available_actions, done}`, the reward being the game's
+  `won` flag (0 or 1); a step after the end answers `{"error": "The task with environment N has finished."}`;
+  no `/close` route (their client's close gets 404); `GET /` answers "This is environment AlfWorld.". Game
+  indices run over the games of their configs/mappings_train.json, then those of mappings_test.json. Their client
+  shows the reset observation followed by "AVAILABLE ACTIONS: " and the admissible commands joined by commas,
+  and each step's observation alone.
+  """
+
+  env_name = "alfworld"
+  reset_key = "game"
+  max_rounds = 30
+  instruction = ("You are in a household and must complete the task you are given. Each round you see what "
+                 "happened and the actions you may take; reply with one of them, e.g. \"go to countertop 1\", "
+                 "\"take mug 1 from countertop 1\", \"put mug 1 in/on sinkbasin 1\", \"open fridge 1\".\n\n"
+                 "Each turn, reply with a short thought and one action:\nThought: <your reasoning>\n"
+                 "Action: <one action>\n\nExample:\nThought: The mug may be on the countertop.\n"
+                 "Action: go to countertop 1")
+
+  def reset(self, http: Http, session: int, data_idx: int, split: str) -> str:
+    answer = self._post(http, "/reset", {"id": session, "game": data_idx, "world_type": "Text"})
+    return f"{answer['observation']}\nAVAILABLE ACTIONS: {','.join(answer.get('available_actions', []))}"
+
+  def step(self, http: Http, session: int, turn: str) -> tuple[str, float, bool, dict[str, Any]]:
+    answer = self._post(http, "/step", {"id": session, "action": self.action(turn)})
+    reward = _clamp(answer.get("reward", 0.0))
+    return answer["observation"], reward, bool(answer["done"]), {"success": reward >= 1.0}
+
+
+class SciWorldAdapter(AgentGymAdapter):
+  """AgentGym's ScienceWorld server (agentenv-sciworld/agentenv_sciworld/server.py and environment.py).
+
+  `/create` takes no body and answers `{id}`; `/reset {id, data_idx}` answers `{task_name, var_num,
+  task_description, observation, reward, score, deleted, done}` (it loads the task and looks around); `/step {id,
+  action}` answers `{observation, reward, score, done}` where `reward` is the change of `score` and `score` runs
+  to 100; their client reports `score` as the reward and shows the task description, a newline and the
+  observation after a reset. Errors are 200 `{"error"}` ("The id N is not valid.", "... has finished.", "...
+  has been deleted."); `/close {id}` answers true, but raises (HTTP 500) for an unknown or closed id; `GET /`
+  answers "This is environment ScienceWorld.". Data indices run over every (task, variation) pair of
+  ScienceWorld's tasks but seven (5-1, 5-2, 9-1, 9-2, 9-3, 10-1, 10-2), in the library's task order.
+  """
+
+  env_name = "sciworld"
+  has_close = True
+  max_rounds = 30
+  instruction = ("You are a scientist in a simulated world and must complete the science task you are given. "
+                 "Act with commands such as \"look around\", \"go to kitchen\", \"open door to hallway\", "
+                 "\"pick up thermometer\", \"focus on substance in beaker\", \"use thermometer on water\", "
+                 "\"wait1\" and \"inventory\". Focus only on what the task asks: a wrong focus fails the task.\n\n"
+                 "Each turn, reply with a short thought and one action:\nThought: <your reasoning>\n"
+                 "Action: <one action>\n\nExample:\nThought: I should find the kitchen first.\n"
+                 "Action: go to kitchen")
+
+  def reset(self, http: Http, session: int, data_idx: int, split: str) -> str:
+    answer = self._post(http, "/reset", {"id": session, "data_idx": data_idx})
+    return f"{answer['task_description']}\n{answer['observation']}"
+
+  def step(self, http: Http, session: int, turn: str) -> tuple[str, float, bool, dict[str, Any]]:
+    answer = self._post(http, "/step", {"id": session, "action": self.action(turn)})
+    score = float(answer.get("score", 0.0))
+    done = bool(answer["done"])
+    return answer["observation"], _clamp(score / 100.0), done, {"success": done and score >= 100.0}
+
+
+class EnvIdxAdapter(AgentGymAdapter):
+  """AgentGym's servers keyed on `env_idx` (WebShop, SQLGym and the ToolUsage servers).
+
+  They answer `/create` with a bare integer, take `{env_idx, ...}` bodies and `GET /observation?env_idx=`, list
+  their live ids at `GET /list_envs`, answer `GET /` with "ok", and have no `{"error"}` convention: an unknown
+  id raises a KeyError there, which uvicorn answers as HTTP 500 "Internal Server Error". On a 500 the adapter
+  asks `/list_envs` whether the id still lives: if not the session was lost (a restart), otherwise the server's
+  env failed on the request.
+  """
+
+  create_body: dict[str, Any] | None = None
+
+  def _request(self, http: Http, method: str, route: str, payload: dict[str, Any] | None, session: int | None) -> Any:
+    status, answer = http.request(method, route, payload)
+    if status == 500 and session is not None:
+      live_status, live = http.request("GET", "/list_envs")
+      if live_status == 200 and isinstance(live, list) and session not in live:
+        raise SessionLostError(f"{method} {route}: env_idx {session} is not among the server's envs {live[:20]}")
+      raise RequestError(f"{method} {route}: HTTP 500: the server's env failed on the request: {answer}")
+    if status == 422:
+      raise RequestError(f"{method} {route}: HTTP 422: {answer}")
+    return _check(status, answer, f"{method} {route}")
+
+  def create(self, http: Http) -> int:
+    answer = self._request(http, "POST", "/create", self.create_body, None)
+    if isinstance(answer, bool) or not isinstance(answer, int):
+      raise ProtocolMismatchError(f"{http.url}/create answered {answer!r}, not the bare env_idx that AgentGym's "
+                                  f"{self.env_name} server answers")
+    return answer
+
+  def observe(self, http: Http, session: int) -> str:
+    return self._request(http, "GET", f"/observation?env_idx={session}", None, session)
+
+  def step(self, http: Http, session: int, turn: str) -> tuple[str, float, bool, dict[str, Any]]:
+    answer = self._request(http, "POST", "/step", {"env_idx": session, "action": self.action(turn)}, session)
+    observation = answer["observation"] if "observation" in answer else answer["state"]
+    reward = _clamp(answer.get("reward", 0.0))
+    done = bool(answer["done"])
+    return observation, reward, done, {"success": done and reward >= 1.0}
+
+
+class WebShopAdapter(EnvIdxAdapter):
+  """AgentGym's WebShop server (agentenv-webshop/agentenv_webshop/server.py, environment.py and model.py).
+
+  `POST /create` (no body) answers a bare integer drawn at random from [0, 48950076] (ids do not restart at 0,
+  and a clash replaces an env); once 8000 envs exist it hands out existing ids again, in turn. `POST /reset
+  {env_idx, session_id}` answers `[observation, null]`, and their client then shows `GET /observation?env_idx=`;
+  `POST /step {env_idx, action}` answers `{state, reward, done, info: null}`, actions being `search[keywords]`
+  or `click[button]`, the reward (in [0, 1]) coming with `click[buy now]`. No `/close` route.
+  """
+
+  env_name = "webshop"
+  max_rounds = 15
+  instruction = ("You are shopping on a web store for the product the instruction describes. Act with "
+                 "\"search[keywords]\" when the page has a search bar, or \"click[button]\" to click one of the "
+                 "buttons shown in brackets (a product, an option such as a size, \"Next >\", \"< Prev\", "
+                 "\"Back to Search\" or \"Buy Now\"). Buying ends the episode.\n\nEach turn, reply with a short "
+                 "thought and one action:\nThought: <your reasoning>\nAction: <one action>\n\nExample:\n"
+                 "Thought: I should search for the product first.\nAction: search[red running shoes]")
+
+  def reset(self, http: Http, session: int, data_idx: int, split: str) -> str:
+    self._request(http, "POST", "/reset", {"env_idx": session, "session_id": data_idx}, session)
+    return self.observe(http, session)
+
+
+class SqlGymAdapter(EnvIdxAdapter):
+  """AgentGym's SQLGym server (agentenv-sqlgym/agentenv_sqlgym/server.py, environment.py and model.py).
+
+  `POST /create` (no body) answers a bare integer drawn at random from [0, 489576]; once 8 envs exist it hands
+  out existing ids again, in turn. `POST /reset {env_idx, item_id}` answers `[observation, null]`; item ids
+  [0, 9428) are BIRD's train set and [9428, 10962) its dev set, and an id outside both raises (HTTP 500); their
+  client then shows `GET /observation?env_idx=`. `POST /step {env_idx, action}` takes one SQL statement (their
+  client sends what is inside the last ```sql block) and answers `{state, reward, done, info}`, the execution
+  result cut to 100 characters and "...". Behind it, sqlgym's `SqlGymEnv` (KYLN24/sqlgym, sqlgym/sqlgym.py)
+  shows the question as the observation, ends the episode at the first statement, and rewards 1 when the
+  statement's rows equal the ground truth's as sets (0 otherwise, and for an SQL error, whose message is the
+  state); `info` carries the ground-truth SQL, which the adapter drops.
+  """
+
+  env_name = "sqlgym"
+  max_rounds = 5
+  instruction = ("You are given a description of a SQLite database and a question. Explain the problem and your "
+                 "solution, then give one SQL statement, on one line, in a ```sql block, that answers the "
+                 "question.\n\nEach turn, reply with a short thought and one action:\nThought: <your reasoning>\n"
+                 "Action: ```sql\n<one SQL statement>\n```\n\nExample:\nThought: I count the rows of singer.\n"
+                 "Action: ```sql\nSELECT COUNT(*) FROM singer;\n```")
+
+  def action(self, turn: str) -> str:
+    if "```sql" in turn:
+      return turn.split("```sql")[-1].split("```")[0].strip()
+    return base.action_text(turn).strip("`").strip()
+
+  def reset(self, http: Http, session: int, data_idx: int, split: str) -> str:
+    self._request(http, "POST", "/reset", {"env_idx": session, "item_id": data_idx}, session)
+    return self.observe(http, session)
+
+
+_TOOL_INPUT = re.compile(r"\s*with\s*$", re.IGNORECASE)
+
+
+class ToolUsageAdapter(EnvIdxAdapter):
+  """AgentGym's ToolUsage servers: weather, movie, todo, sheet and academia, one protocol
+  (agentenv-tool/agentenv_<name>/<name>_server.py, <name>_environment.py, <name>_model.py, and
+  agentenv-tool/Toolusage/toolusage/environment/<name>_env.py, utils/tool/helpers.py).
+
+  `POST /create {id}` needs a body (`id`, a task index; their client sends 0) and answers a bare integer env_idx
+  counting from 0; `POST /reset {env_idx, id}` answers the observation as a string ("Now new trial starts.\\nYou
+  should perform actions to accomplish the goal: <goal>\\nGive me one action."); `POST /step {env_idx, action}`
+  answers `{observation, reward, done}`. The server parses the turn itself: it wants the last line to read
+  `Action: <name> with Action Input: <arguments>`, reads the arguments with Python's `eval`, and answers a format
+  error otherwise; an action whose text holds "finish" or "Finish" ends the episode. The reward is the env's
+  progress rate (the fraction of ground-truth sub-goals met, never decreasing), except that weather's server
+  reports 1.0 for any progress and todo's reports, once done, 1 only when the progress is 1 and the todo state
+  equals the ground truth. A step after the end is still played. Their servers do not send the tool list (their
+  client's first message holds it): the instruction says how to ask for it.
+  """
+
+  create_body = {"id": 0}
+  max_rounds = 20
+
+  @property
+  def instruction(self) -> str:
+    return (f"You are an autonomous agent using the {self.env_name} tools to achieve the goal you are given. "
+            "Call one tool per turn; \"check_valid_actions\" lists the tools where the env offers it. When you "
+            "have the answer, call \"finish\" with it.\n\nEach turn, reply with a short thought and one tool "
+            "call:\nThought: <your reasoning>\nAction: <tool name> with Action Input: <JSON arguments>\n\n"
+            "Example:\nThought: I have the answer.\nAction: finish with Action Input: {\"answer\": 42}")
+
+  def action(self, turn: str) -> str:
+    name, arguments, error = base.parse_tool_call(turn)
+    name = _TOOL_INPUT.sub("", name)
+    if error is not None:  # let their server say what is wrong with the input
+      match = base._INPUT_MARK.search(base.action_text(turn))  # pylint: disable=protected-access
+      raw = base.action_text(turn)[match.end():] if match else ""
+      return f"Action: {name} with Action Input: {_one_line(raw)}"
+    if arguments is None:
+      arguments = {}
+    text = json.dumps(arguments, ensure_ascii=False)
+    if re.search(r"\b(true|false|null)\b", text):  # their server reads the input with Python's eval
+      text = repr(arguments)
+    return f"Action: {name} with Action Input: {text}"
+
+  def reset(self, http: Http, session: int, data_idx: int, split: str) -> str:
+    return self._request(http, "POST", "/reset", {"env_idx": session, "id": data_idx}, session)
+
+
+class WeatherAdapter(ToolUsageAdapter):
+  env_name = "weather"
+
+
+class MovieAdapter(ToolUsageAdapter):
+  env_name = "movie"
+
+
+class TodoAdapter(ToolUsageAdapter):
+  env_name = "todo"
+
+
+class SheetAdapter(ToolUsageAdapter):
+  env_name = "sheet"
+
+
+class AcademiaAdapter(ToolUsageAdapter):
+  env_name = "academia"
+
+
+AGENTGYM_ADAPTERS: dict[str, type[AgentGymAdapter]] = {
+    "textcraft": TextCraftAdapter, "babyai": BabyAIAdapter, "maze": LmrlMazeAdapter, "wordle": LmrlWordleAdapter,
+    "alfworld": AlfWorldAdapter, "sciworld": SciWorldAdapter, "webshop": WebShopAdapter, "sqlgym": SqlGymAdapter,
+    "weather": WeatherAdapter, "movie": MovieAdapter, "todo": TodoAdapter, "sheet": SheetAdapter,
+    "academia": AcademiaAdapter}
+
+# What AgentGym's servers call themselves on `GET /` ("This is environment <name>.") -> our env names. WebShop,
+# SQLGym and the ToolUsage servers answer "ok" instead.
 AGENTGYM_HELLO_NAMES: dict[str, tuple[str, ...]] = {
-    "TextCraft": ("textcraft",), "BabyAI": ("babyai",), "LMRL-Gym": ("maze", "wordle")}
+    "TextCraft": ("textcraft",), "BabyAI": ("babyai",), "LMRL-Gym": ("maze", "wordle"), "AlfWorld": ("alfworld",),
+    "ScienceWorld": ("sciworld",)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# AgentEvolver's EnvService.
+# ----------------------------------------------------------------------------------------------------------
+
+_AGENTEVOLVER_INSTRUCTIONS = {
+    "appworld": ("You act for a user through the apps of AppWorld by writing Python code that a REPL runs. Each "
+                 "turn, write one small chunk of code in a ```python block; call apis.supervisor.complete_task() "
+                 "(with answer=... when the task asks for information) when you are done. The environment's first "
+                 "message explains the APIs."),
+    "bfcl": ("You answer the user with the functions listed in the environment's first message. To call one, "
+             "write <tool_call>{\"name\": <function name>, \"arguments\": <JSON object>}</tool_call>; a turn "
+             "without a call ends your answer to the current question and brings the next one."),
+}
+# The service's split names (AppWorld's `load_task_ids` splits; BFCL's split-ids file from bfcl_dataprocess.py).
+_AGENTEVOLVER_SPLITS = {"appworld": {"train": "train", "eval": "dev"}, "bfcl": {"train": "train", "eval": "test"}}
+_INSTANCE_LOST = re.compile(r"Instance \S+ not found")
+
+
+class EnvServiceAdapter(Adapter):
+  """AgentEvolver's EnvService (modelscope/AgentEvolver, env_service/env_service.py, env_client.py, interface.md,
+  and environments/appworld/appworld_env.py, environments/bfcl/bfcl_env.py).
+
+  Every route is a POST of `{env_type, task_id, instance_id, messages, params}` (FastAPI; any field may be left
+  out). `/get_env_profile {env_type, params: {split}}` -> `{success: true, data: [task ids]}` (strings);
+  `/create {env_type, task_id, instance_id}` starts the task on a new instance (the client may name it; a name
+  already in use replaces that instance without closing it) -> `{success, data: {state: [{role, content}, ...],
+  info: {instance_id, task_id, ...}}}` (a system message with the env's prompt and tools, then the user's task);
+  `/step {instance_id, messages: {role: "assistant", content}, params}` -> `{success, data: {state: [{role,
+  content, ...}], reward, is_terminated, info}}`, the env parsing the content itself (AppWorld runs the first
+  ```python block; BFCL reads `<tool_call>{json}</tool_call>` calls, answers a turn without calls with the next
+  question, and ends with "[CONVERSATION_COMPLETED]"); the reward comes when the episode ends (AppWorld: the
+  fraction of its tests passed; BFCL: 1 or 0); `/evaluate {instance_id, params: {sparse}}` -> `{success, data:
+  score}`; `/release {instance_id}` -> `{success: true|false, data: null}` (false for an unknown instance);
+  `GET /healthz` -> "OK". Errors: HTTP 400 `{"detail": "Instance <id> not found!"}` for an unknown instance
+  (never created, released, reaped after an hour idle, or lost in a restart) and for a missing field, HTTP 500
+  `{"detail": <traceback>}` when the env raises, FastAPI's 422 for a body of the wrong shape. AgentEvolver's own
+  client retries each call 3 times and then returns a made-up fallback answer (an "empty task", a zero score);
+  the adapter raises instead. AppWorld's step reward is the fraction of tests passed even when the step's params
+  ask for `sparse` (its step hands the params to `evaluate` as its messages argument).
+
+  Our session is the instance id, chosen here; `reset` (re)creates the instance on the task, releasing the one it
+  replaces, and `close` releases it. Our splits map to the service's own (`task_splits`; by default AppWorld's
+  "train" and "dev", BFCL's "train" and "test"), our indices to the positions in its task-id lists.
+  """
+
+  kind = "AgentEvolver's"
+  has_close = True
+
+  def __init__(self, env_type: str, task_splits: dict[str, str] | None = None, max_rounds: int = 30):
+    self.env_type = env_type
+    if task_splits is None and env_type not in _AGENTEVOLVER_SPLITS:
+      raise ValueError(f"no default splits for AgentEvolver env_type {env_type!r} (have {sorted(_AGENTEVOLVER_SPLITS)})"
+                       ": pass task_splits={'train': <its train split>, 'eval': <its held-out split>}")
+    self.task_splits = dict(task_splits or _AGENTEVOLVER_SPLITS[env_type])
+    if set(self.task_splits) != set(base.SPLITS):
+      raise ValueError(f"task_splits maps exactly 'train' and 'eval' to the service's split names, e.g. "
+                       f"{{'train': 'train', 'eval': 'dev'}}; got {task_splits!r}")
+    self.max_rounds = max_rounds
+    self.task_ids: dict[str, list[str]] = {}
+    self._live: set[str] = set()
+
+  def _post(self, http: Http, route: str, body: dict[str, Any]) -> Any:
+    status, answer = http.request("POST", route, {"env_type": self.env_type, **body})
+    detail = answer.get("detail") if isinstance(answer, dict) else None
+    if status == 400 and _INSTANCE_LOST.search(str(detail)):
+      raise SessionLostError(f"POST {route}: {detail}")
+    if status in (400, 422) or (status == 500 and detail is not None):
+      shown = str(detail).strip().splitlines()[-1] if detail else answer  # a traceback's last line says what
+      raise RequestError(f"POST {route} ({self.env_type}): HTTP {status}: {shown}")
+    answer = _check(status, answer, f"POST {route}")
+    if not isinstance(answer, dict) or "success" not in answer:
+      raise ProtocolMismatchError(f"{http.url}{route} answered {str(answer)[:200]!r}, not AgentEvolver's "
+                                  "EnvService {success, data}")
+    return answer
+
+  def info(self, http: Http) -> dict[str, Any]:
+    for split, name in self.task_splits.items():
+      ids = self._post(http, "/get_env_profile", {"params": {"split": name}})["data"]
+      if not isinstance(ids, list) or not ids:
+        raise base.EnvError(f"{http.url} lists no {self.env_type} tasks for split {name!r} (our {split!r})")
+      self.task_ids[split] = [str(task_id) for task_id in ids]
+    instruction = _AGENTEVOLVER_INSTRUCTIONS.get(
+        self.env_type, "Solve the task the environment's first messages describe; it answers each of your turns.")
+    return {"name": self.env_type, "version": f"agentevolver-{self.env_type}", "instruction": instruction,
+            "max_rounds": self.max_rounds, "num_tasks": {split: len(ids) for split, ids in self.task_ids.items()}}
+
+  def create(self, http: Http) -> str:
+    return f"evolver-{uuid.uuid4().hex}"  # the service starts an instance only with its task: see reset
+
+  def reset(self, http: Http, session: str, data_idx: int, split: str) -> str:
+    if session in self._live:
+      self.close(http, session)
+    data = self._post(http, "/create", {"task_id": self.task_ids[split][data_idx], "instance_id": session})["data"]
+    self._live.add(session)
+    return _messages_text(data["state"])
+
+  def step(self, http: Http, session: str, turn: str) -> tuple[str, float, bool, dict[str, Any]]:
+    body = {"instance_id": session, "messages": {"role": "assistant", "content": turn}, "params": {}}
+    data = self._post(http, "/step", body)["data"]
+    reward = _clamp(data.get("reward") or 0.0)
+    done = bool(data.get("is_terminated"))
+    return _messages_text(data["state"]), reward, done, {"success": done and reward >= 1.0}
+
+  def evaluate(self, http: Http, session: str, sparse: bool = False) -> float:
+    """The service's score of the instance's episode so far (AppWorld: the fraction of tests passed, or 1/0 when
+    `sparse`)."""
+    body = {"instance_id": session, "messages": {}, "params": {"sparse": sparse}}
+    return float(self._post(http, "/evaluate", body)["data"])
+
+  def close(self, http: Http, session: str) -> None:
+    self._live.discard(session)
+    self._post(http, "/release", {"instance_id": session})  # success false: already gone
+
+
+def _messages_text(messages: Any) -> str:
+  """The text of the service's `state` messages, one after another."""
+  if not isinstance(messages, list):
+    raise RequestError(f"expected the service's state as a list of messages, got {str(messages)[:200]!r}")
+  return "\n\n".join(str(message.get("content") or "") for message in messages if isinstance(message, dict))

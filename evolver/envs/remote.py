@@ -3,6 +3,7 @@
   env = RemoteEnv(["http://10.0.0.5:36001", "http://10.0.0.6:36001"])      # our servers, spread round-robin
   env = RemoteEnv("http://127.0.0.1:36005", env_name="textcraft", server="agentgym",
                   task_ranges={"train": (0, 400), "eval": (400, 500)})         # AgentGym's TextCraft server
+  env = RemoteEnv("http://127.0.0.1:8080", env_name="appworld", server="agentevolver")  # AgentEvolver's EnvService
 
 Failure handling, in order:
 - a kept-alive connection that the server closed while it sat idle (uvicorn, which serves AgentGym's envs,
@@ -26,8 +27,8 @@ Failure handling, in order:
   as failed: `done=True`, `info["success"]=False`, `info["error"]` saying why. Never silently wrong.
 Sessions start on the URLs in round-robin order (process-wide); recovery moves to the next URL when one
 stays unreachable, so rollouts scale out over many env servers on many hosts. `close()` ends the session on
-the server (ours, and AgentGym's TextCraft and BabyAI; their LMRL-Gym server has no `/close`): best effort,
-one request with a `close_timeout_s` timeout.
+the server (ours; AgentGym's TextCraft, BabyAI and ScienceWorld; AgentEvolver's EnvService, by `/release`;
+AgentGym's other servers have no `/close`): best effort, one request with a `close_timeout_s` timeout.
 
 A URL that answers another protocol than `server` says so at construction (`adapters.ProtocolMismatchError`),
 with what to pass instead; `task_ranges` that overlap, are empty or reversed, or start below 0 are refused.
@@ -255,16 +256,20 @@ class RemoteEnv:
   """
 
   def __init__(self, urls: str | list[str], env_name: str | None = None, *, server: str = "evolver",
-               task_ranges: dict[str, tuple[int, int]] | None = None, timeout_s: float = 60.0,
-               max_retries: int = 8, backoff_s: float = 0.05, max_backoff_s: float = 2.0,
+               task_ranges: dict[str, tuple[int, int]] | None = None, task_splits: dict[str, str] | None = None,
+               timeout_s: float = 60.0, max_retries: int = 8, backoff_s: float = 0.05, max_backoff_s: float = 2.0,
                close_timeout_s: float = 2.0):
     """
     Args:
       urls: one server URL or several; sessions spread over them round-robin.
-      env_name: for our servers, checked against the server's `/info`; for AgentGym's, picks the adapter.
-      server: "evolver" (ours, `launch.serve_env`) or "agentgym" (their per-env servers).
+      env_name: for our servers, checked against the server's `/info`; for AgentGym's, picks the adapter; for
+        AgentEvolver's EnvService, the `env_type` it serves ("appworld", "bfcl", ...).
+      server: "evolver" (ours, `launch.serve_env`), "agentgym" (their per-env servers) or "agentevolver"
+        (AgentEvolver's EnvService, `adapters.EnvServiceAdapter`).
       task_ranges: AgentGym servers only: split -> [start, stop) of their data indices; the two must not
         overlap (see `check_task_ranges`).
+      task_splits: AgentEvolver's EnvService only: our split -> the service's split name, whose task list
+        (`/get_env_profile`) our indices run over; defaults: AppWorld's "train"/"dev", BFCL's "train"/"test".
       timeout_s: socket timeout of each request, seconds.
       max_retries: attempts per request before giving up on a URL.
       backoff_s, max_backoff_s: first and largest wait between attempts, seconds (doubling, with jitter).
@@ -278,6 +283,8 @@ class RemoteEnv:
     self.urls = (urls,) if isinstance(urls, str) else tuple(urls)
     if not self.urls:
       raise ValueError("RemoteEnv needs at least one server URL")
+    if task_splits is not None and server != "agentevolver":
+      raise ValueError("task_splits is only for server='agentevolver' (AgentEvolver's EnvService)")
     if server == "evolver":
       if task_ranges is not None:
         raise ValueError("task_ranges is only for server='agentgym': our servers have train and eval splits "
@@ -289,8 +296,16 @@ class RemoteEnv:
         raise ValueError(f"no AgentGym adapter for env {env_name!r}; have {sorted(adapters.AGENTGYM_ADAPTERS)}")
       self._task_ranges = check_task_ranges(task_ranges)
       self._adapter = adapters.AGENTGYM_ADAPTERS[env_name]()
+    elif server == "agentevolver":
+      if not env_name:
+        raise ValueError("server='agentevolver' needs env_name: the env_type the EnvService serves, e.g. 'appworld'")
+      if task_ranges is not None:
+        raise ValueError("task_ranges is only for server='agentgym'; AgentEvolver's EnvService lists its tasks per "
+                         "split (pass task_splits to name its splits)")
+      self._adapter = adapters.EnvServiceAdapter(env_name, task_splits)
+      self._task_ranges = None
     else:
-      raise ValueError(f"server must be 'evolver' or 'agentgym', got {server!r}")
+      raise ValueError(f"server must be 'evolver', 'agentgym' or 'agentevolver', got {server!r}")
     self._timeout_s = timeout_s
     self._close_timeout_s = close_timeout_s
     self._max_retries = max_retries
@@ -492,7 +507,8 @@ class RemoteEnv:
     """Ends the server session and the connection; the env can start a new episode (on a new session) after.
 
     Best effort: one `/close` request with a `close_timeout_s` timeout, whose failure is ignored (ours reaps
-    a session left idle; AgentGym's keep it until they restart). AgentGym's LMRL-Gym server has no `/close`.
+    a session left idle; AgentGym's keep it until they restart). Only AgentGym's TextCraft, BabyAI and
+    ScienceWorld servers have a `/close`; AgentEvolver's EnvService releases the instance.
     """
     if self._session is not None and self._adapter.has_close:
       self._http.timeout_s = min(self._timeout_s, self._close_timeout_s)

@@ -112,7 +112,7 @@ def test_agentgym_server_needs_task_ranges_and_a_known_env():
   with pytest.raises(ValueError, match="task_ranges"):
     RemoteEnv("http://127.0.0.1:9", "textcraft", server="agentgym")
   with pytest.raises(ValueError, match="no AgentGym adapter"):
-    RemoteEnv("http://127.0.0.1:9", "webshop", server="agentgym", task_ranges=RANGES)
+    RemoteEnv("http://127.0.0.1:9", "webarena", server="agentgym", task_ranges=RANGES)
 
 
 @pytest.mark.parametrize("name, kind", [("textcraft", "textcraft"), ("babyai", "babyai")])
