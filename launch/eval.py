@@ -3,11 +3,20 @@
   python -m launch.eval --hf_checkpoint DIR --envs maze,wordle --split eval --num_tasks 100 --out DIR/eval.json
   python -m launch.eval --model_dir runs/bc [--step 400 | --best] --envs maze,wordle --num_samples 4 --temperature 1.0
   python -m launch.eval --hf_checkpoint DIR --env_urls maze=http://127.0.0.1:36001   # a served env
+  python -m launch.eval --policy openai --base_url http://127.0.0.1:8000/v1 --model NAME --envs maze,sql \
+      --num_tasks 100 --max_concurrency 16 --requests_per_s 20 --out eval.json
 
 `--hf_checkpoint` is a transformers directory (its tokenizer is loaded from it too); `--model_dir` is a
 training run (the latest checkpoint, `--step N`, or `--best`, the one selected on `val`), with the shipped
 tiny tokenizer unless `--tokenizer` says otherwise. Greedy by default; `--num_samples k` reports avg@k
 (`success`) and best@k (`best_success`).
+
+`--policy openai` plays the same episodes with a model behind an OpenAI-compatible chat endpoint (a vLLM or SGLang
+server, or a hosted API; `evolver.rollout.api`): each assistant turn is one `/chat/completions` request with the
+conversation so far. Requests are retried with backoff on connection errors, 429 (after its Retry-After) and
+5xx; a 401/403/404 stops the run with the server's message. The API key is read from the environment variable
+that `--api_key_env` names (default OPENAI_API_KEY; none needed for a local server) and never written out; the
+results carry the endpoint and model under "policy" and the request counts under "api_stats".
 """
 
 from __future__ import annotations
@@ -20,8 +29,12 @@ from typing import Any
 from evolver import envs as envs_lib
 from evolver.models import load_hf
 from evolver.models import tokenizer as tokenizer_lib
+from evolver.models.openai_api import APIRequestError, OpenAIChat
 from evolver.models.sampler import Sampler
+from evolver.rollout import APIRolloutEngine
 from evolver.train import evaluation
+
+POLICIES = ("local", "openai")
 
 
 def load_policy(args: argparse.Namespace):
@@ -36,6 +49,22 @@ def load_policy(args: argparse.Namespace):
   model, step = restore_model(args.model_dir, step=args.step, best=args.best)
   tok = tokenizer_lib.load_tokenizer(args.tokenizer)
   return model, tok, {"model_dir": args.model_dir, "step": int(step), "best": args.best}
+
+
+def api_engine(args: argparse.Namespace, env_factory) -> APIRolloutEngine:
+  """The --policy openai engine: the endpoint's client (key from the --api_key_env variable) and the env factory."""
+  if not args.base_url or not args.model:
+    raise SystemExit("--policy openai needs --base_url (the API root, e.g. http://127.0.0.1:8000/v1) and --model")
+  if args.hf_checkpoint or args.model_dir:
+    raise SystemExit("--policy openai takes no --hf_checkpoint or --model_dir: the endpoint serves the model")
+  api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+  try:
+    client = OpenAIChat(args.base_url, args.model, api_key, timeout_s=args.timeout_s, max_retries=args.max_retries,
+                        requests_per_s=args.requests_per_s)
+  except ValueError as error:
+    raise SystemExit(str(error)) from None
+  return APIRolloutEngine(client, env_factory=env_factory, max_concurrency=args.max_concurrency,
+                          stop=[s for s in args.stop if s])
 
 
 def env_factory_for(urls: dict[str, list[str]]):
@@ -69,6 +98,8 @@ def results_path(out: str | None, model_dir: str | None) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--policy", default="local", choices=POLICIES,
+                      help="local: a checkpoint in process; openai: a model behind an OpenAI-compatible endpoint")
   parser.add_argument("--hf_checkpoint", default=None, help="a transformers directory (model + tokenizer)")
   parser.add_argument("--model_dir", default=None, help="a training run directory")
   parser.add_argument("--step", type=int, default=None, help="with --model_dir: which checkpoint (default latest)")
@@ -86,6 +117,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--max_rounds", type=int, default=None, help="default: each env's own limit")
   parser.add_argument("--batch_size", type=int, default=64, help="episodes in flight at once")
   parser.add_argument("--seed", type=int, default=0)
+  api = parser.add_argument_group("--policy openai")
+  api.add_argument("--base_url", default=None, help="the API root, e.g. http://127.0.0.1:8000/v1")
+  api.add_argument("--model", default=None, help="the model name the endpoint serves")
+  api.add_argument("--api_key_env", default="OPENAI_API_KEY",
+                   help="the environment variable holding the API key (unset or empty: no key is sent)")
+  api.add_argument("--max_concurrency", type=int, default=8, help="episodes (so requests) in flight at once")
+  api.add_argument("--requests_per_s", type=float, default=None, help="client-side rate limit (default none)")
+  api.add_argument("--timeout_s", type=float, default=120.0, help="per request, seconds")
+  api.add_argument("--max_retries", type=int, default=5, help="retries of a connection error, 429 or 5xx")
+  api.add_argument("--stop", action="append", default=[], help="a stop string (repeatable; default none)")
   parser.add_argument("--out", default=None,
                       help="output file (or directory); default MODEL_DIR/eval_results.json with --model_dir, "
                            "else eval_results.json")
@@ -96,12 +137,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   unknown = [n for n in names if n not in envs_lib.names() and n not in urls]
   if unknown:
     raise SystemExit(f"unknown envs {unknown}; built-in: {envs_lib.names()} (or serve them and pass --env_urls)")
-  model, tok, source = load_policy(args)
-  results = evaluation.evaluate(
-      Sampler(model), tok, names, split=args.split, start=args.start, num_tasks=args.num_tasks,
-      num_samples=args.num_samples, temperature=args.temperature, top_p=args.top_p,
-      max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, batch_size=args.batch_size, seed=args.seed,
-      env_factory=env_factory_for(urls))
+  env_factory = env_factory_for(urls)
+  if args.policy == "openai":
+    policy, tok = api_engine(args, env_factory), None
+    source = policy.describe()
+  else:
+    if args.base_url or args.model:
+      raise SystemExit("--base_url and --model are for --policy openai (an endpoint); the local policy is "
+                       "--hf_checkpoint DIR or --model_dir RUN")
+    model, tok, source = load_policy(args)
+    policy = Sampler(model)
+  try:
+    results = evaluation.evaluate(
+        policy, tok, names, split=args.split, start=args.start, num_tasks=args.num_tasks,
+        num_samples=args.num_samples, temperature=args.temperature, top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, batch_size=args.batch_size, seed=args.seed,
+        env_factory=env_factory)
+  except APIRequestError as error:
+    raise SystemExit(f"the endpoint refused a request: {error}") from None
+  finally:
+    if isinstance(policy, APIRolloutEngine):
+      policy.close()
   results["policy"] = source
   out = results_path(args.out, args.model_dir)
   path = evaluation.write_eval_results(out, results)

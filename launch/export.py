@@ -1,11 +1,22 @@
-"""Export a run's policy as a transformers checkpoint directory (config.json, safetensors, the tokenizer's files).
+"""Export a run's policy for serving: a transformers directory (config.json, safetensors, the tokenizer's files with
+its chat template, generation_config.json with the stop ids).
 
   python -m launch.export --model_dir runs/shared_bc --best --out evolver/assets/checkpoints/bc_tiny --dtype bfloat16
+  python -m launch.export --model_dir runs/grpo --step 400 --out exports/grpo_400 --dtype float32
+  vllm serve exports/grpo_400 --served-model-name grpo     # or: python -m sglang.launch_server --model-path ...
+  python -m launch.eval --policy openai --base_url http://127.0.0.1:8000/v1 --model grpo --envs maze,sql
 
-The directory loads with `evolver.models.load_hf` (and transformers' `AutoModelForCausalLM`), so evaluation
-(`launch.eval --hf_checkpoint DIR`) and later runs (`HF_CHECKPOINT`) start from exactly these weights; `export.json`
-records where they came from. `--dtype bfloat16` halves the size (the tiny default: ~4 MB): figures reported for an
-exported checkpoint must be measured on the exported weights.
+The directory loads with `evolver.models.load_hf` and transformers' `AutoModelForCausalLM` / `AutoTokenizer` as it
+is (a float32 export gives the run's logits), so evaluation (`launch.eval --hf_checkpoint DIR`), later runs
+(`HF_CHECKPOINT`) and servers start from exactly these weights. `generation_config.json` lists as `eos_token_id`
+every id the rollout engine stops a turn on (`evolver.data.chat.end_of_turn_ids`), so `generate()`, vLLM and SGLang
+end a turn where evolver does; the chat template is the one training rendered with. `export.json` records where the
+weights came from. `--dtype bfloat16` halves the size (the tiny default: ~4 MB): figures reported for an exported
+checkpoint must be measured on the exported weights.
+
+transformers 5's AutoTokenizer gives any qwen2 directory Qwen's own pre-tokenizer, whatever tokenizer.json holds:
+right for Qwen checkpoints, but the shipped tiny tokenizer splits text as GPT-2 does, so a server on transformers 5
+tokenizes a tiny-model export differently from training (evolver's `load_tokenizer` reads tokenizer.json as saved).
 """
 
 from __future__ import annotations

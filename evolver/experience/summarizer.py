@@ -31,8 +31,6 @@ import dataclasses
 import hashlib
 import json
 import re
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +39,7 @@ import numpy as np
 from evolver.envs.base import action_text
 from evolver.experience import manager
 from evolver.experience.records import ExperienceError, TaskMemory, check_workspace_id
+from evolver.models.openai_api import APIError, OpenAIChat
 
 SUCCESS_THRESHOLD = 1.0  # ReMe's TrajectoryPreprocessOp default
 DEDUP_THRESHOLD = 0.9  # ReMe's MemoryDeduplicationOp uses 0.5 with API embeddings; see `Summarizer`
@@ -784,48 +783,33 @@ class LLMSummarizer(Summarizer):
 
 
 class OpenAIGenerate:
-  """`generate(prompts) -> texts` through an OpenAI-compatible `/chat/completions` endpoint (stdlib only).
+  """`generate(prompts) -> texts` through an OpenAI-compatible `/chat/completions` endpoint
+  (`evolver.models.openai_api.OpenAIChat`: retries with backoff, timeouts, an optional rate limit).
 
     generate = OpenAIGenerate("http://127.0.0.1:8000/v1", "qwen2.5-7b-instruct")
     summarizer = LLMSummarizer(generate, model=generate.model)
 
-  Each prompt is one user message; prompts run `max_workers` at a time. Any failure raises
-  `SummarizerUnavailable` with the server's message.
+  Each prompt is one user message; prompts run `max_workers` at a time. A failure that outlasts the retries
+  raises `SummarizerUnavailable` with the server's message.
   """
 
   def __init__(self, base_url: str, model: str, api_key: str | None = None, *, temperature: float = 0.0,
-               max_tokens: int | None = 1024, timeout_s: float = 120.0, max_workers: int = 4):
-    self.url = base_url.rstrip("/") + "/chat/completions"
+               max_tokens: int | None = 1024, timeout_s: float = 120.0, max_workers: int = 4, max_retries: int = 3,
+               backoff_s: float = 1.0, requests_per_s: float | None = None):
+    self.client = OpenAIChat(base_url, model, api_key, timeout_s=timeout_s, max_retries=max_retries,
+                             backoff_s=backoff_s, requests_per_s=requests_per_s)
+    self.url = self.client.url
     self.model = model
-    self.api_key = api_key
     self.temperature = temperature
     self.max_tokens = max_tokens
-    self.timeout_s = timeout_s
     self.max_workers = max_workers
 
   def _one(self, prompt: str) -> str:
-    body = {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": self.temperature}
-    if self.max_tokens:
-      body["max_tokens"] = self.max_tokens
-    headers = {"Content-Type": "application/json"}
-    if self.api_key:
-      headers["Authorization"] = f"Bearer {self.api_key}"
-    request = urllib.request.Request(self.url, data=json.dumps(body).encode("utf-8"), headers=headers,
-                                     method="POST")
     try:
-      with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-        answer = json.loads(response.read())
-    except urllib.error.HTTPError as error:
-      detail = error.read()[:500].decode("utf-8", "replace")
-      raise SummarizerUnavailable(f"{self.url} answered {error.code}: {detail}") from None
-    except (urllib.error.URLError, OSError, ValueError) as error:
-      raise SummarizerUnavailable(f"{self.url} failed: {error}") from None
-    try:
-      content = answer["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
-      raise SummarizerUnavailable(f"{self.url} answered without choices[0].message.content: "
-                                  f"{str(answer)[:200]}") from None
-    return content if isinstance(content, str) else ""
+      return self.client.chat([{"role": "user", "content": prompt}], max_tokens=self.max_tokens,
+                              temperature=self.temperature).text
+    except APIError as error:
+      raise SummarizerUnavailable(str(error)) from None
 
   def __call__(self, prompts: list[str]) -> list[str]:
     if len(prompts) <= 1:

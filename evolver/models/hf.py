@@ -18,6 +18,7 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.flax import save_file
 
+from evolver.data.chat import end_of_turn_ids
 from evolver.models.config import ModelConfig, resolve_dtype
 from evolver.models.decoder import Decoder
 
@@ -277,7 +278,9 @@ def load_hf(path: str, *, param_dtype: str = "float32", dtype: str = "float32", 
 
 
 def save_hf(model: Decoder, path: str, *, tokenizer=None, max_shard_bytes: int = 4 << 30) -> None:
-  """Writes config.json and safetensors (sharded above `max_shard_bytes`) that transformers loads."""
+  """Writes config.json and safetensors (sharded above `max_shard_bytes`) that transformers loads; with a
+  `tokenizer`, also its files (the chat template included) and `generation_config.json` with the ids a turn
+  ends on (`save_generation_config`), so that the directory is ready to serve (vLLM, SGLang)."""
   os.makedirs(path, exist_ok=True)
   tensors = {k: jnp.asarray(v) for k, v in _from_model_layout(model).items()}
   dtype_name = {jnp.dtype(jnp.float32): "float32", jnp.dtype(jnp.bfloat16): "bfloat16",
@@ -308,4 +311,30 @@ def save_hf(model: Decoder, path: str, *, tokenizer=None, max_shard_bytes: int =
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
       json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
   if tokenizer is not None:
+    save_generation_config(path, tokenizer)
     tokenizer.save_pretrained(path)
+
+
+def save_generation_config(path: str, tokenizer) -> dict[str, Any]:
+  """Writes `path/generation_config.json` whose `eos_token_id` lists every id an assistant turn ends on
+  (`evolver.data.chat.end_of_turn_ids`: the template's end-of-turn token, EOS, and the ids of the tokenizer
+  directory's own generation config), so transformers' `generate`, vLLM and SGLang stop where the rollout engine
+  stops; `pad_token_id` and `bos_token_id` come from the tokenizer. Other fields of the tokenizer directory's
+  `generation_config.json` (sampling defaults of a released model) are kept. Returns what was written."""
+  from transformers import __version__ as transformers_version  # pylint: disable=import-outside-toplevel
+  source = os.path.join(str(getattr(tokenizer, "name_or_path", "") or ""), "generation_config.json")
+  config: dict[str, Any] = {}
+  if os.path.isfile(source):
+    with open(source) as f:
+      config = json.load(f)
+  config["eos_token_id"] = list(end_of_turn_ids(tokenizer))
+  for name in ("pad_token_id", "bos_token_id"):
+    value = getattr(tokenizer, name, None)
+    if value is not None:
+      config.setdefault(name, int(value))
+  config["transformers_version"] = transformers_version
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "generation_config.json"), "w") as f:
+    json.dump(config, f, indent=2)
+    f.write("\n")
+  return config

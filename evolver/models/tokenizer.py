@@ -5,6 +5,7 @@ the built-in environments' text (`python -m launch.build_tokenizer`) and saved i
 template, so the tiny model and real checkpoints load through the same path.
 """
 
+import json
 import os
 from collections.abc import Iterable
 
@@ -16,14 +17,37 @@ TINY_TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "a
 
 
 def load_tokenizer(path: str | None = None) -> PreTrainedTokenizerBase:
-  """An HF tokenizer directory (default: the shipped tiny tokenizer). It must carry a chat template."""
+  """An HF tokenizer directory (default: the shipped tiny tokenizer), tokenizing as its `tokenizer.json` says. It
+  must carry a chat template.
+
+  transformers 5's AutoTokenizer builds the tokenizer of some model types (a directory whose config.json says
+  qwen2 gets `Qwen2Tokenizer`) from the vocabulary and merges with that family's own normalizer and pre-tokenizer,
+  whatever `tokenizer.json` holds. A tokenizer trained with others (the tiny one splits as GPT-2 does) would then
+  cut text differently from how the policy was trained, so such a directory is loaded from `tokenizer.json` as
+  saved (`PreTrainedTokenizerFast`).
+  """
   path = path or TINY_TOKENIZER_DIR
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory {path!r} does not exist")
   tokenizer = AutoTokenizer.from_pretrained(path)
+  if not _tokenizes_as_saved(tokenizer, path):
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
   if not getattr(tokenizer, "chat_template", None):
     raise ValueError(f"tokenizer at {path!r} has no chat template; set one (tokenizer.chat_template = ...)")
   return tokenizer
+
+
+def _tokenizes_as_saved(tokenizer: PreTrainedTokenizerBase, path: str) -> bool:
+  """Whether the loaded tokenizer's normalizer, pre-tokenizer and model are those of `path/tokenizer.json` (True
+  when there is no such file or no fast backend to compare)."""
+  saved_file = os.path.join(path, "tokenizer.json")
+  backend = getattr(tokenizer, "backend_tokenizer", None)
+  if backend is None or not os.path.isfile(saved_file):
+    return True
+  with open(saved_file) as f:
+    saved = json.load(f)
+  loaded = json.loads(backend.to_str())
+  return all(saved.get(key) == loaded.get(key) for key in ("normalizer", "pre_tokenizer", "model"))
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str) -> PreTrainedTokenizerFast:

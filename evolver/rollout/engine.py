@@ -696,21 +696,8 @@ class RolloutEngine:
     """Acquires and resets an env per episode (in parallel), builds (and transforms) the openings, renders and
     tokenizes the first prompts."""
 
-    def start(ep: _Episode, env: Any):
-      env = env if env is not None else self.env_factory(ep.task.env)
-      ep.env = env  # set before anything can raise, so a failed env is closed, not pooled
-      ep.env_version = str(getattr(env, "version", ""))
-      instruction = env.instruction()
-      if ep.task.spec is None:
-        return instruction, env.reset(ep.task.index, ep.task.split)
-      reset_spec = getattr(env, "reset_spec", None)
-      if not callable(reset_spec):
-        raise _NoResetSpec(f"env {ep.task.env!r} ({type(env).__name__}) has no reset_spec(spec), so it cannot run "
-                           f"spec tasks ({ep.task.item_id}); run spec tasks on envs that implement it")
-      return instruction, reset_spec(ep.task.spec)
-
     t0 = time.perf_counter()
-    futures = [self._pool.submit(start, ep, self._take_env(ep.task.env)) for ep in episodes]
+    futures = [self._pool.submit(_open_env, ep, self._take_env(ep.task.env), self.env_factory) for ep in episodes]
     unsupported = None
     for ep, future in zip(episodes, futures):
       try:
@@ -807,34 +794,11 @@ class RolloutEngine:
                                        config.record_expert_actions, config.record_measures))
     for ep, future in zip(episodes, futures):
       try:
-        state_key, expert, expert_failed, measures, measure_errors, measure_s, result = future.result()
+        outcome = future.result()
       except Exception as error:  # pylint: disable=broad-except
         ep.end("error", _describe(error))
         continue
-      ep.state_keys.append(state_key)
-      if config.record_expert_actions:
-        ep.expert_actions.append(expert)
-        stats.expert_errors += expert_failed
-      if config.record_measures:
-        ep.step_measures.append(measures)
-        stats.measure_errors += measure_errors
-        stats.measure_s += measure_s
-      if result is None:  # ended without a step: the score stands
-        ep.step_rewards.append(ep.reward)
-        continue
-      observation, reward, done, info = result
-      if info.get("error"):  # a RemoteEnv whose server failed beyond recovery
-        ep.end("error", str(info["error"]))
-        continue
-      ep.messages.append(Message("user", observation))
-      ep.observation = observation
-      ep.reward = float(reward)
-      ep.step_rewards.append(ep.reward)
-      ep.success = bool(info.get("success", False))
-      if done:
-        ep.end("done")
-      elif ep.turns >= ep.max_rounds:
-        ep.end("max_rounds")
+      _apply_step(ep, outcome, config, stats)
     stats.env_s += time.perf_counter() - t0
 
   def _prepare_next_turns(self, episodes: list[_Episode], config: RolloutConfig, limit: int,
@@ -891,6 +855,52 @@ def _measures(env: Any) -> tuple[dict[str, Any], bool]:
     return {**_NO_MEASURES, **measure()}, False
   except Exception:  # pylint: disable=broad-except
     return dict(_NO_MEASURES), True
+
+
+def _open_env(ep: _Episode, env: Any, env_factory: Callable[[str], Any]) -> tuple[str, str]:
+  """Gives the episode its env (`env`, or a new one from `env_factory` when None) and resets it on the episode's
+  task (`reset`, or `reset_spec` for a spec task). Returns (instruction, first observation)."""
+  env = env if env is not None else env_factory(ep.task.env)
+  ep.env = env  # set before anything can raise, so a failed env is closed, not pooled
+  ep.env_version = str(getattr(env, "version", ""))
+  instruction = env.instruction()
+  if ep.task.spec is None:
+    return instruction, env.reset(ep.task.index, ep.task.split)
+  reset_spec = getattr(env, "reset_spec", None)
+  if not callable(reset_spec):
+    raise _NoResetSpec(f"env {ep.task.env!r} ({type(env).__name__}) has no reset_spec(spec), so it cannot run "
+                       f"spec tasks ({ep.task.item_id}); run spec tasks on envs that implement it")
+  return instruction, reset_spec(ep.task.spec)
+
+
+def _apply_step(ep: _Episode, outcome: tuple, config: RolloutConfig, stats: RolloutStats) -> None:
+  """Records what `_observe_and_step` returned on the episode: the state (and expert action, measures), then the
+  step's observation, reward and success, ending the episode when the env is done or `max_rounds` is reached."""
+  state_key, expert, expert_failed, measures, measure_errors, measure_s, result = outcome
+  ep.state_keys.append(state_key)
+  if config.record_expert_actions:
+    ep.expert_actions.append(expert)
+    stats.expert_errors += expert_failed
+  if config.record_measures:
+    ep.step_measures.append(measures)
+    stats.measure_errors += measure_errors
+    stats.measure_s += measure_s
+  if result is None:  # ended without a step: the score stands
+    ep.step_rewards.append(ep.reward)
+    return
+  observation, reward, done, info = result
+  if info.get("error"):  # a RemoteEnv whose server failed beyond recovery
+    ep.end("error", str(info["error"]))
+    return
+  ep.messages.append(Message("user", observation))
+  ep.observation = observation
+  ep.reward = float(reward)
+  ep.step_rewards.append(ep.reward)
+  ep.success = bool(info.get("success", False))
+  if done:
+    ep.end("done")
+  elif ep.turns >= ep.max_rounds:
+    ep.end("max_rounds")
 
 
 def _observe_and_step(env: Any, text: str, step: bool, observation: str | None, record_expert: bool,

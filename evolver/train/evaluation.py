@@ -8,6 +8,11 @@ From code (the training loop does this on `val`, a fixed slice of `train` indice
   results = evaluate(sampler, tok, ["maze", "wordle"], split="train", indices=range(0, 50))
   metrics.update(flatten_metrics(results, "val"))   # {"val/maze/success": ..., "val/overall/success": ...}
 
+A model behind an OpenAI-compatible endpoint plays the same episodes (`evolver.rollout.api`):
+
+  with APIRolloutEngine(OpenAIChat("http://127.0.0.1:8000/v1", "qwen2.5-7b-instruct")) as engine:
+    results = evaluate(engine, None, ["maze", "sql"], num_tasks=100)   # + results["endpoint"], ["api_stats"]
+
 Greedy (`num_samples=1`) gives success@1. With k samples at temperature T, `success` is avg@k (the mean
 over all samples) and `best_success` is best@k (the fraction of tasks solved by at least one sample).
 Failed episodes (an env error) are counted in `num_failed` and left out of every rate; a task whose samples
@@ -29,7 +34,7 @@ from evolver import envs as envs_lib
 from evolver import paths
 from evolver.models.decoder import Decoder
 from evolver.models.sampler import Sampler
-from evolver.rollout import OpeningTransform, Rollout, RolloutConfig, RolloutEngine, Task
+from evolver.rollout import APIRolloutEngine, OpeningTransform, Rollout, RolloutConfig, RolloutEngine, Task
 
 # Per-env figures that `overall` averages.
 MEAN_KEYS = ("success", "best_success", "reward", "best_reward", "turns")
@@ -102,7 +107,8 @@ def _task_indices(env_names: Sequence[str], split: str, indices, start: int, num
   return out, versions
 
 
-def evaluate(policy: RolloutEngine | Sampler | Decoder, tokenizer: PreTrainedTokenizerBase, env_names: Sequence[str], *,
+def evaluate(policy: RolloutEngine | APIRolloutEngine | Sampler | Decoder, tokenizer: PreTrainedTokenizerBase | None,
+             env_names: Sequence[str], *,
              split: str = "eval", indices: Mapping[str, Sequence[int]] | Sequence[int] | None = None,
              start: int = 0, num_tasks: int | None = None, num_samples: int = 1, temperature: float | None = None,
              top_p: float = 1.0, max_new_tokens: int = 128, max_rounds: int | None = None,
@@ -113,8 +119,9 @@ def evaluate(policy: RolloutEngine | Sampler | Decoder, tokenizer: PreTrainedTok
 
   Args:
     policy: a Sampler you keep (so repeated evaluations reuse its compiled programs), a Decoder (wrapped in a
-      new Sampler), or a RolloutEngine you keep (its envs are reused too; its env factory is used).
-    tokenizer: ignored when `policy` is a RolloutEngine (it has its own).
+      new Sampler), a RolloutEngine you keep (its envs are reused too; its env factory is used), or an
+      APIRolloutEngine (a model behind an OpenAI-compatible endpoint; its env factory is used).
+    tokenizer: ignored when `policy` is an engine (it has its own, or the endpoint applies the chat template).
     env_names: envs to evaluate (names `env_factory` understands).
     split: the env split, "train" or "eval" (`val` is a slice of "train" indices: pass them as `indices`).
     indices: task indices per env (a mapping) or the same for all envs; None: `num_tasks` tasks of each env
@@ -128,14 +135,19 @@ def evaluate(policy: RolloutEngine | Sampler | Decoder, tokenizer: PreTrainedTok
   Returns:
     {"split", "num_samples", "temperature", "seed", "max_new_tokens", "max_rounds", "envs": {name: {success,
     best_success, reward, best_reward, turns, num_tasks, num_episodes, num_failed, num_truncated, version,
-    errors}}, "overall": {...}, "seconds", "episodes_per_s", "rollout_stats", ["episodes"]}.
+    errors}}, "overall": {...}, "seconds", "episodes_per_s", "rollout_stats", ["episodes"]}; with an
+    APIRolloutEngine also "endpoint" (base_url, model, ...) and "api_stats" (requests, retries, tokens) of this
+    evaluation.
+
+  Raises:
+    evolver.models.openai_api.APIRequestError: an APIRolloutEngine's endpoint refused a request for good.
   """
   if temperature is None:
     temperature = 0.0 if num_samples == 1 else 1.0
   if num_samples > 1 and temperature == 0.0:
     raise ValueError("num_samples > 1 at temperature 0 repeats one greedy episode k times; set a temperature")
   env_names = list(env_names)
-  engine = policy if isinstance(policy, RolloutEngine) else None
+  engine = policy if isinstance(policy, (RolloutEngine, APIRolloutEngine)) else None
   if engine is not None:
     env_factory = engine.env_factory
   chosen, versions = _task_indices(env_names, split, indices, start, num_tasks, env_factory)
@@ -144,6 +156,7 @@ def evaluate(policy: RolloutEngine | Sampler | Decoder, tokenizer: PreTrainedTok
                          max_rounds=max_rounds, max_context_tokens=max_context_tokens, num_samples=num_samples,
                          batch_size=batch_size, seed=seed)
   start = time.perf_counter()
+  api_before = engine.client.stats() if isinstance(engine, APIRolloutEngine) else None
   if engine is not None:
     batch = engine.run(tasks, config, transform_openings=transform_openings)
   else:
@@ -158,6 +171,9 @@ def evaluate(policy: RolloutEngine | Sampler | Decoder, tokenizer: PreTrainedTok
   results["seconds"] = seconds
   results["episodes_per_s"] = len(batch.trajectories) / seconds if seconds else 0.0
   results["rollout_stats"] = batch.stats.as_dict()
+  if api_before is not None:
+    results["endpoint"] = engine.describe()
+    results["api_stats"] = {k: v - api_before[k] for k, v in engine.client.stats().items()}
   if keep_episodes:
     results["episodes"] = [
         {"env": t.env, "index": t.task_index, "sample": t.sample, "reward": t.reward, "success": t.success,

@@ -283,9 +283,9 @@ def test_openai_generate(fake_openai):
   assert path == "/v1/chat/completions" and auth == "Bearer sk-test"
   assert body["model"] == "tiny" and body["messages"][0]["role"] == "user" and body["temperature"] == 0.0
   with pytest.raises(SummarizerUnavailable, match="500"):
-    OpenAIGenerate(fake_openai, "broken", timeout_s=10)(["x"])
+    OpenAIGenerate(fake_openai, "broken", timeout_s=10, max_retries=0)(["x"])
   with pytest.raises(SummarizerUnavailable):
-    OpenAIGenerate("http://127.0.0.1:9/v1", "tiny", timeout_s=5)(["x"])
+    OpenAIGenerate("http://127.0.0.1:9/v1", "tiny", timeout_s=5, max_retries=0)(["x"])
 
 
 def test_llm_summarizer_through_the_adapter(fake_openai):
