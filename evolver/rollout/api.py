@@ -36,11 +36,10 @@ from evolver import envs as envs_lib
 from evolver.data.trajectory import Message
 from evolver.models.openai_api import APIError, APIRequestError, ContextLengthExceeded, OpenAIChat
 from evolver.rollout.engine import (Opening, OpeningTransform, RolloutBatch, RolloutConfig, RolloutEngine,
-                                    RolloutStats, Task, agentgym_opening)
+                                    RolloutStats, Task, agentgym_opening, open_episodes)
 # The engine's episode state and env stepping, shared so that both policies play the same episodes.
 # pylint: disable-next=protected-access
-from evolver.rollout.engine import (_apply_step, _check_opening, _close_env, _describe, _Episode, _NoResetSpec,
-                                    _observe_and_step, _open_env, _to_rollout)
+from evolver.rollout.engine import (_apply_step, _close_env, _describe, _Episode, _observe_and_step, _to_rollout)
 
 
 class APIRolloutEngine:
@@ -148,28 +147,10 @@ class APIRolloutEngine:
   def _start(self, episodes: list, config: RolloutConfig, transform_openings: OpeningTransform | None,
              stats: RolloutStats, pool: concurrent.futures.ThreadPoolExecutor) -> None:
     """Acquires and resets an env per episode (in parallel) and builds (and transforms) the openings."""
-    t0 = time.perf_counter()
-    futures = [pool.submit(_open_env, ep, self._take_env(ep.task.env), self.env_factory)
-               for ep in episodes]
-    unsupported = None
-    for ep, future in zip(episodes, futures):
-      try:
-        instruction, observation = future.result()
-      except _NoResetSpec as error:
-        unsupported = error
-        ep.end("error", _describe(error))
-        continue
-      except Exception as error:  # pylint: disable=broad-except
-        ep.end("error", _describe(error))
-        continue
-      ep.max_rounds = min(config.max_rounds or ep.env.max_rounds, ep.env.max_rounds)
-      ep.observation = observation
-      ep.messages = self.opening(ep.task, instruction, observation)
-      _check_opening(ep.messages, "the opening messages")
-      ep.opening_len = len(ep.messages)
-    stats.env_s += time.perf_counter() - t0
-    if unsupported is not None:
-      raise TypeError(str(unsupported))
+    open_episodes(episodes, config, pool, self._take_env, self.env_factory, self.opening, stats)
+    for ep in episodes:
+      if not ep.ended:
+        ep.opening_len = len(ep.messages)
     if transform_openings is not None:
       started = [ep for ep in episodes if not ep.ended]
       RolloutEngine._transform_openings(started, transform_openings)  # pylint: disable=protected-access

@@ -696,26 +696,7 @@ class RolloutEngine:
     """Acquires and resets an env per episode (in parallel), builds (and transforms) the openings, renders and
     tokenizes the first prompts."""
 
-    t0 = time.perf_counter()
-    futures = [self._pool.submit(_open_env, ep, self._take_env(ep.task.env), self.env_factory) for ep in episodes]
-    unsupported = None
-    for ep, future in zip(episodes, futures):
-      try:
-        instruction, observation = future.result()
-      except _NoResetSpec as error:
-        unsupported = error
-        ep.end("error", _describe(error))
-        continue
-      except Exception as error:  # pylint: disable=broad-except
-        ep.end("error", _describe(error))
-        continue
-      ep.max_rounds = min(config.max_rounds or ep.env.max_rounds, ep.env.max_rounds)
-      ep.observation = observation
-      ep.messages = self.opening(ep.task, instruction, observation)
-      _check_opening(ep.messages, "the opening messages")
-    stats.env_s += time.perf_counter() - t0
-    if unsupported is not None:
-      raise TypeError(str(unsupported))
+    open_episodes(episodes, config, self._pool, self._take_env, self.env_factory, self.opening, stats)
     if transform_openings is not None:
       self._transform_openings([ep for ep in episodes if not ep.ended], transform_openings)
     t0 = time.perf_counter()
@@ -832,6 +813,37 @@ class RolloutEngine:
       else:
         self._free_envs.setdefault(ep.task.env, []).append(ep.env)
       ep.env = None
+
+
+def open_episodes(episodes: Sequence[_Episode], config: RolloutConfig, pool: concurrent.futures.Executor,
+                  take_env: Callable[[str], Any], env_factory: Callable[[str], Any], opening: Opening,
+                  stats: RolloutStats) -> None:
+  """Acquires (`take_env`, else `env_factory`) and resets an env per episode, in parallel on `pool`, and builds
+  each one's opening messages; an episode whose env fails ends with the error. Env seconds go to `stats`.
+
+  Raises:
+    TypeError: a spec task's env has no `reset_spec` (after every episode has been tried).
+  """
+  t0 = time.perf_counter()
+  futures = [pool.submit(_open_env, ep, take_env(ep.task.env), env_factory) for ep in episodes]
+  unsupported = None
+  for ep, future in zip(episodes, futures):
+    try:
+      instruction, observation = future.result()
+    except _NoResetSpec as error:
+      unsupported = error
+      ep.end("error", _describe(error))
+      continue
+    except Exception as error:  # pylint: disable=broad-except
+      ep.end("error", _describe(error))
+      continue
+    ep.max_rounds = min(config.max_rounds or ep.env.max_rounds, ep.env.max_rounds)
+    ep.observation = observation
+    ep.messages = opening(ep.task, instruction, observation)
+    _check_opening(ep.messages, "the opening messages")
+  stats.env_s += time.perf_counter() - t0
+  if unsupported is not None:
+    raise TypeError(str(unsupported))
 
 
 def _close_env(env: Any) -> None:
