@@ -1,8 +1,6 @@
 """The summarizer: ReMe's pipeline with the extractive and the LLM backends, and the OpenAI-compatible adapter."""
 
-import http.server
 import json
-import threading
 
 import pytest
 
@@ -16,6 +14,7 @@ from evolver.experience.summarizer import (ExtractiveSummarizer, LLMSummarizer, 
 from evolver.experience.pool import ExperiencePool
 from evolver.experience.store import ExperienceStore
 from tests.experience.helpers import GOAL, LOSE, WIN, conversation
+from tests.fake_http import JSONHandler, serving
 
 
 def episode(goal, actions, score, task_id="", env="maze", final="Done.", item_id=""):
@@ -242,11 +241,11 @@ def test_parse_json_output():
 # -- the OpenAI-compatible adapter against a tiny local server -------------------------------------------------
 
 
-class _FakeOpenAI(http.server.BaseHTTPRequestHandler):
+class _FakeOpenAI(JSONHandler):
   requests = []
 
   def do_POST(self):  # noqa: N802 (http.server's name)
-    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    body = self.read_json()
     type(self).requests.append((self.path, self.headers.get("Authorization"), body))
     if body["model"] == "broken":
       self.send_response(500)
@@ -254,26 +253,14 @@ class _FakeOpenAI(http.server.BaseHTTPRequestHandler):
       self.wfile.write(b'{"error": "model crashed"}')
       return
     answer = {"choices": [{"message": {"role": "assistant", "content": "echo: " + body["messages"][0]["content"]}}]}
-    data = json.dumps(answer).encode()
-    self.send_response(200)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(data)))
-    self.end_headers()
-    self.wfile.write(data)
-
-  def log_message(self, *args):
-    pass
+    self.send_json(200, answer)
 
 
 @pytest.fixture()
 def fake_openai():
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
-  thread.start()
   _FakeOpenAI.requests = []
-  yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-  server.shutdown()
-  server.server_close()
+  with serving(_FakeOpenAI) as url:
+    yield url + "/v1"
 
 
 def test_openai_generate(fake_openai):

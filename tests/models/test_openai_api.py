@@ -1,7 +1,6 @@
 """The OpenAI-compatible chat client against a scripted local server: retries, Retry-After, errors, rate limit."""
 
 import email.utils
-import http.server
 import json
 import threading
 import time
@@ -10,16 +9,17 @@ import pytest
 
 from evolver.models.openai_api import (APIRequestError, APIUnavailable, ContextLengthExceeded, OpenAIChat,
                                        RateLimiter, retry_after_s)
+from tests.fake_http import JSONHandler, serving
 
 
-class _Scripted(http.server.BaseHTTPRequestHandler):
+class _Scripted(JSONHandler):
   """Answers each request with the next scripted (status, headers, body); then 200s echoing the last message."""
 
   script: list = []
   seen: list = []
 
   def do_POST(self):  # noqa: N802 (http.server's name)
-    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    body = self.read_json()
     type(self).seen.append((self.path, self.headers.get("Authorization"), body))
     if type(self).script:
       status, headers, payload = type(self).script.pop(0)
@@ -27,28 +27,14 @@ class _Scripted(http.server.BaseHTTPRequestHandler):
       status, headers = 200, {}
       payload = {"choices": [{"message": {"role": "assistant", "content": "echo: " + body["messages"][-1]["content"]},
                               "finish_reason": "stop"}], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
-    data = json.dumps(payload).encode()
-    self.send_response(status)
-    for key, value in headers.items():
-      self.send_header(key, value)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(data)))
-    self.end_headers()
-    self.wfile.write(data)
-
-  def log_message(self, *args):
-    pass
+    self.send_json(status, payload, headers)
 
 
 @pytest.fixture()
 def server():
-  httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
-  thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-  thread.start()
   _Scripted.script, _Scripted.seen = [], []
-  yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-  httpd.shutdown()
-  httpd.server_close()
+  with serving(_Scripted) as url:
+    yield url + "/v1"
 
 
 def test_a_reply_with_its_request_fields_and_usage(server):

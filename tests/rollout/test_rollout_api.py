@@ -5,7 +5,6 @@ observation, then the assistant's actions so far replayed) and answers with the 
 an expert-driven evaluation succeeds on every task. It can also refuse keys and inject 429s and 5xx.
 """
 
-import http.server
 import json
 import threading
 
@@ -15,6 +14,7 @@ from evolver import envs
 from evolver.models.openai_api import APIRequestError, OpenAIChat
 from evolver.rollout import RolloutConfig, Task
 from evolver.rollout.api import APIRolloutEngine
+from tests.fake_http import JSONHandler, serving
 
 ENVS = ("maze", "sql")
 SPLIT = "eval"
@@ -36,57 +36,39 @@ def expert_turn(messages: list[dict]) -> str:
   raise AssertionError("a conversation of no known task")
 
 
-class _FakeEndpoint(http.server.BaseHTTPRequestHandler):
+class _FakeEndpoint(JSONHandler):
   faults: list = []        # statuses to answer before the next real answers, in order
   requests: list = []      # (authorization, body)
   mode = "expert"          # expert | context | fixed
   lock = threading.Lock()
 
-  def _send(self, status: int, payload: dict, headers: dict | None = None):
-    data = json.dumps(payload).encode()
-    self.send_response(status)
-    for key, value in (headers or {}).items():
-      self.send_header(key, value)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(data)))
-    self.end_headers()
-    self.wfile.write(data)
-
   def do_POST(self):  # noqa: N802 (http.server's name)
     cls = type(self)
-    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    body = self.read_json()
     auth = self.headers.get("Authorization")
     with cls.lock:
       cls.requests.append((auth, body))
       fault = cls.faults.pop(0) if cls.faults else None
     if self.path != "/v1/chat/completions":
-      return self._send(404, {"detail": "Not Found"})
+      return self.send_json(404, {"detail": "Not Found"})
     if auth != f"Bearer {KEY}":
-      return self._send(401, {"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}})
+      return self.send_json(401, {"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}})
     if fault == 429:
-      return self._send(429, {"error": {"message": "rate limited"}}, {"Retry-After": "0.2"})
+      return self.send_json(429, {"error": {"message": "rate limited"}}, {"Retry-After": "0.2"})
     if fault is not None:
-      return self._send(fault, {"error": {"message": "internal error"}})
+      return self.send_json(fault, {"error": {"message": "internal error"}})
     if cls.mode == "context":
-      return self._send(400, {"error": {"message": "This model's maximum context length is 64 tokens"}})
+      return self.send_json(400, {"error": {"message": "This model's maximum context length is 64 tokens"}})
     text = expert_turn(body["messages"]) if cls.mode == "expert" else "Thought: no idea\nAction: look"
-    self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+    self.send_json(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                   "finish_reason": "stop"}],
                      "usage": {"prompt_tokens": 100, "completion_tokens": 10}})
 
-  def log_message(self, *args):
-    pass
-
-
 @pytest.fixture()
 def endpoint():
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeEndpoint)
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
-  thread.start()
   _FakeEndpoint.faults, _FakeEndpoint.requests, _FakeEndpoint.mode = [], [], "expert"
-  yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-  server.shutdown()
-  server.server_close()
+  with serving(_FakeEndpoint) as url:
+    yield url + "/v1"
 
 
 def test_launch_eval_openai_policy_end_to_end(endpoint, tmp_path, monkeypatch):

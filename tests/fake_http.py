@@ -1,0 +1,43 @@
+"""Real HTTP servers on loopback for the tests' fake endpoints: a JSON request handler and a context manager that
+serves one."""
+
+import contextlib
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+
+class JSONHandler(http.server.BaseHTTPRequestHandler):
+  """A request handler that reads and answers JSON, and logs nothing."""
+
+  def read_json(self) -> Any:
+    return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+  def send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+    data = json.dumps(payload).encode()
+    self.send_response(status)
+    for key, value in (headers or {}).items():
+      self.send_header(key, value)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(data)))
+    self.end_headers()
+    self.wfile.write(data)
+
+  def log_message(self, *args):
+    pass
+
+
+@contextlib.contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+  """Serves `handler` on 127.0.0.1 (a free port, one thread per request) while the block runs; yields its base
+  URL, e.g. "http://127.0.0.1:40123"."""
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+  finally:
+    server.shutdown()
+    server.server_close()
