@@ -41,6 +41,8 @@ EXTRAS_REQUIRE = {
     # Either also lets `python -m launch.aot` compile for that hardware on a CPU-only host.
     "tpu": ["jax[tpu]"],
     "cuda": ["jax[cuda12]"],
+    # The sciworld env's simulator (a py4j wrapper around scienceworld.jar; needs a Java runtime).
+    "sciworld": ["scienceworld==1.2.3"],
 }
 
 setuptools.setup(

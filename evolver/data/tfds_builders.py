@@ -7,7 +7,7 @@ imported (array_record needs none; tfds then needs `importlib_resources`).
 `expert_trajectories` runs each env's scripted expert (`evolver.data.expert`) on a contiguous slice of the
 env's `train` split. Its config names say which: `<envs>_<count>` is train indices [0, count),
 `<envs>_<start>-<stop>` is [start, stop); `<envs>` is `all` (every built-in env) or env names joined by `+`
-(`maze_512`, `all_256`, `maze+wordle_1000-1256`). Any such name works, not only the listed configs, so a run
+(`maze_512`, `all_256`, `maze+wordle_1000-1256`), benchmark envs included (`bfcl_400`; `all` leaves them out). Any such name works, not only the listed configs, so a run
 config can set aside disjoint slices for BC, `val` and exploration. Each env's generator version is in the
 config's description and metadata and in every example; reading a cache made by another generator version
 raises an error (see `check_env_versions`).
@@ -184,9 +184,10 @@ def _env_set(env_names: str | Sequence[str]) -> tuple[str, ...]:
   names = tuple(sorted(set(env_names)))
   if not names:
     raise ValueError("an expert dataset needs at least one env")
-  unknown = [name for name in names if name not in envs_lib.names()]
+  known = envs_lib.names() + envs_lib.benchmark_names()
+  unknown = [name for name in names if name not in known]
   if unknown:
-    raise ValueError(f"unknown env(s) {unknown}; choose from {envs_lib.names()} or {ALL_ENVS!r}")
+    raise ValueError(f"unknown env(s) {unknown}; choose from {known} or {ALL_ENVS!r}")
   return names
 
 

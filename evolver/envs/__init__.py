@@ -33,6 +33,7 @@ _REGISTRY = {
 # take no spec tasks and open no explorations, so the suite-wide tests and tools (`names()`) leave them out.
 _BENCHMARKS = {
     "bfcl": "evolver.envs.bfcl:BfclEnv",
+    "sciworld": "evolver.envs.sciworld:SciWorldEnv",
 }
 
 

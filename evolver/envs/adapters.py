@@ -402,6 +402,18 @@ class AlfWorldAdapter(AgentGymAdapter):
     return answer["observation"], reward, bool(answer["done"]), {"success": reward >= 1.0}
 
 
+# ScienceWorld's instruction, shared by `SciWorldAdapter` and the built-in sciworld env (evolver.envs.sciworld), so
+# that a policy reads the same text whichever way it plays ScienceWorld.
+SCIWORLD_INSTRUCTION = (
+    "You are a scientist in a simulated world and must complete the science task you are given. "
+    "Act with commands such as \"look around\", \"go to kitchen\", \"open door to hallway\", "
+    "\"pick up thermometer\", \"focus on substance in beaker\", \"use thermometer on water\", "
+    "\"wait1\" and \"inventory\". Focus only on what the task asks: a wrong focus fails the task.\n\n"
+    "Each turn, reply with a short thought and one action:\nThought: <your reasoning>\n"
+    "Action: <one action>\n\nExample:\nThought: I should find the kitchen first.\n"
+    "Action: go to kitchen")
+
+
 class SciWorldAdapter(AgentGymAdapter):
   """AgentGym's ScienceWorld server (agentenv-sciworld/agentenv_sciworld/server.py and environment.py).
 
@@ -418,13 +430,7 @@ class SciWorldAdapter(AgentGymAdapter):
   env_name = "sciworld"
   has_close = True
   max_rounds = 30
-  instruction = ("You are a scientist in a simulated world and must complete the science task you are given. "
-                 "Act with commands such as \"look around\", \"go to kitchen\", \"open door to hallway\", "
-                 "\"pick up thermometer\", \"focus on substance in beaker\", \"use thermometer on water\", "
-                 "\"wait1\" and \"inventory\". Focus only on what the task asks: a wrong focus fails the task.\n\n"
-                 "Each turn, reply with a short thought and one action:\nThought: <your reasoning>\n"
-                 "Action: <one action>\n\nExample:\nThought: I should find the kitchen first.\n"
-                 "Action: go to kitchen")
+  instruction = SCIWORLD_INSTRUCTION  # the built-in sciworld env (evolver.envs.sciworld) shows the same
 
   def reset(self, http: Http, session: int, data_idx: int, split: str) -> str:
     answer = self._post(http, "/reset", {"id": session, "data_idx": data_idx})

@@ -1,6 +1,8 @@
-"""Per-env summary of the built-in suite: task counts, the expert's and a random agent's success.
+"""Per-env summary of the built-in suite and benchmarks: task counts, the expert's and a random agent's success.
 
-  python -m evolver.envs.report [--episodes 100] [--seed 0]
+  python -m evolver.envs.report [--episodes 100] [--seed 0] [--envs maze,bfcl,...]
+
+The expert runs on `episodes` held-out (`eval`) tasks drawn with `seed`, the random agent on as many `train` tasks.
 
 The random agent picks, each turn, a uniformly random well-formed action from the env's current action
 space (`TextEnv.sample_action`), a floor that shows the tasks are not trivial.
@@ -42,10 +44,12 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--episodes", type=int, default=100)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--envs", default=",".join(envs.names() + envs.benchmark_names()),
+                      help="comma-separated env names (default: the suite and the benchmarks)")
   args = parser.parse_args()
-  print(f"{'env':<10} {'version':<14} {'train':>6} {'eval':>5} {'rounds':>6} {'expert':>7} {'turns':>6} "
+  print(f"{'env':<10} {'version':<24} {'train':>6} {'eval':>5} {'rounds':>6} {'expert':>7} {'turns':>6} "
         f"{'random':>7}")
-  for name in envs.names():
+  for name in [name.strip() for name in args.envs.split(",") if name.strip()]:
     env = envs.make(name)
     rng = random.Random(args.seed)
     indices = rng.sample(range(env.num_tasks("eval")), min(args.episodes, env.num_tasks("eval")))
@@ -53,7 +57,7 @@ def main() -> None:
     expert = sum(r[0] for r in results) / len(results)
     turns = sum(r[1] for r in results) / len(results)
     chance = random_success_rate(env, args.episodes, args.seed)
-    print(f"{name:<10} {env.version:<14} {env.num_tasks('train'):>6} {env.num_tasks('eval'):>5} "
+    print(f"{name:<10} {env.version:<24} {env.num_tasks('train'):>6} {env.num_tasks('eval'):>5} "
           f"{env.max_rounds:>6} {expert:>7.2f} {turns:>6.1f} {chance:>7.2f}")
 
 

@@ -254,3 +254,13 @@ def test_expert_trajectories_record_the_bfcl_eval_version():
   trajectory = expert.expert_trajectory("bfcl", 2, "train")
   assert trajectory.success and trajectory.reward == 1.0 and trajectory.env_version == "bfcl-eval-2026.3.23"
   assert trajectory.messages[2].content.startswith("Functions you can call:")
+
+
+def test_expert_datasets_take_bfcl_by_name_and_all_leaves_benchmarks_out(tmp_path):
+  from evolver.data import tfds_builders  # pylint: disable=import-outside-toplevel
+  assert "bfcl" not in tfds_builders.expert_config("all", 0, 8).env_names
+  source = tfds_builders.load_expert_source("bfcl", 0, 2, str(tmp_path))
+  assert tfds_builders.expert_config("bfcl", 0, 2).name == "bfcl_2"
+  assert [(t.env, t.env_version, t.success) for t in source] == [("bfcl", bfcl.BfclEnv.version, True)] * 2
+  assert source[0].messages[2].content.startswith("Functions you can call:")
+
