@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--max_new_tokens", type=int, default=128, help="per assistant turn")
   parser.add_argument("--max_rounds", type=int, default=None, help="default: each env's own limit")
   parser.add_argument("--batch_size", type=int, default=64, help="episodes in flight at once")
+  parser.add_argument("--max_context_tokens", type=int, default=None,
+                      help="tokens an episode may hold (the sampler's cache per row; default the model's positions, "
+                           "at most 4,096); an episode that outgrows it ends, marked truncated")
   parser.add_argument("--seed", type=int, default=0)
   api = parser.add_argument_group("--policy openai")
   api.add_argument("--base_url", default=None, help="the API root, e.g. http://127.0.0.1:8000/v1")
@@ -148,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
       raise SystemExit("--base_url and --model are for --policy openai (an endpoint); the local policy is "
                        "--hf_checkpoint DIR or --model_dir RUN")
     model, tok, source = load_policy(args)
-    policy = Sampler(model)
+    policy = Sampler(model, max_length=args.max_context_tokens)
   try:
     results = evaluation.evaluate(
         policy, tok, names, split=args.split, start=args.start, num_tasks=args.num_tasks,

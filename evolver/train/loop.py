@@ -71,6 +71,9 @@ class LoopConfig:
     eval_tasks: held-out `eval` tasks per env evaluated at the end (0: no held-out report).
     eval_max_new_tokens, eval_max_rounds, eval_batch_size: the greedy val and eval episodes' limits per turn,
       per episode (None: each env's own) and in flight at once.
+    max_context_tokens: the most tokens an episode of the run's rollout engine may hold, val, eval and the
+      algorithm's rollouts (its sampler's cache per row); None: the model's positions, at most
+      `sampler.DEFAULT_MAX_LENGTH` (4,096). An episode that outgrows it ends, marked truncated.
   """
 
   eval_every: int = 0
@@ -78,6 +81,7 @@ class LoopConfig:
   eval_max_new_tokens: int = 96
   eval_max_rounds: int | None = None
   eval_batch_size: int = 64
+  max_context_tokens: int | None = None
 
   def __post_init__(self):
     if self.eval_every < 0 or self.eval_tasks < 0:
@@ -171,7 +175,7 @@ class Loop:
     programs are reused). Its weights are whatever was put in last: call `sync_policy` first."""
     if self._engine is None:
       policy = nnx.merge(self.trainer.graphdef, distributed.local_copy(self.trainer.policy_params()))
-      self._engine = RolloutEngine(Sampler(policy), self.tokenizer)
+      self._engine = RolloutEngine(Sampler(policy, max_length=self.config.max_context_tokens), self.tokenizer)
     return self._engine
 
   def sync_policy(self, params: nnx.State | None = None) -> RolloutEngine:

@@ -145,11 +145,15 @@ def rollout_time_metrics(rolled: RolloutBatch) -> dict[str, float]:
   s = rolled.stats
   decode_step_s = s.decode_s / s.decode_steps if s.decode_steps else 0.0
   longest = max((sum(b - a for a, b in t.turn_spans) - t.turns for t in rolled.trajectories), default=0)
+  packed_steps = math.ceil(s.decode_live_row_steps / max(s.episodes, 1))
+  # As a fraction of the decode steps taken, so that a floor of every step is decode_s exactly (not one rounding
+  # above it, as packed_steps * decode_step_s can be).
+  floor_s = packed_steps / s.decode_steps * s.decode_s if s.decode_steps else 0.0
   return {"time/prefill_s": s.prefill_s, "time/decode_s": s.decode_s, "time/select_s": s.select_s,
           "time/rollout_compile_s": s.compile_s, "time/env_s": s.env_s, "time/template_s": s.template_s,
           "rollout/decode_steps": s.decode_steps,
           "rollout/idle_row_fraction": s.idle_row_fraction,
-          "rollout/floor_s": math.ceil(s.decode_live_row_steps / max(s.episodes, 1)) * decode_step_s,
+          "rollout/floor_s": floor_s,
           "rollout/sequential_floor_s": longest * decode_step_s}
 
 

@@ -1,9 +1,18 @@
-"""Fixtures shared by the training tests: the shipped tokenizer and a small batch of expert sql episodes."""
+"""Fixtures shared by the training tests: the shipped tokenizer, a small batch of expert sql episodes, and one tiny
+BC checkpoint for the RL and DPO runs that only need some BC checkpoint to start from."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 
 from evolver.data import batching, expert
 from evolver.models.tokenizer import load_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The small model every launch.train test uses; a run that starts from `bc_checkpoint` takes its shapes from it.
+SMALL_MODEL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelConfig.intermediate_size = 128"]
 
 
 @pytest.fixture(scope="module")
@@ -17,3 +26,20 @@ def batch(tokenizer):
   trajectories = [expert.expert_trajectory("sql", i) for i in range(2)]
   out = batching.batch_trajectories(trajectories, tokenizer, buckets=(512, 1024, 1536), batch_size=8)
   return {k: out[k] for k in ("input_ids", "loss_mask")}
+
+
+@pytest.fixture(scope="session")
+def bc_checkpoint(tmp_path_factory):
+  """MODEL_DIR of a tiny BC run (the small model, 2 steps on 8 expert sql episodes), trained once per session by
+  `launch.train` for the tests whose GRPO/DPO runs only need some BC checkpoint to start from (INIT_CHECKPOINT).
+  Those runs only read it; tests about the BC run itself train their own."""
+  model_dir = tmp_path_factory.mktemp("shared_bc") / "bc"
+  bindings = [*SMALL_MODEL, f"MODEL_DIR = '{model_dir}'", "TRAIN_STEPS = 2", "train_bc.envs = ['sql']",
+              "TaskSlices.expert_count = 8", "train_bc.batch_size = 4", "train_bc.buckets = (512,)",
+              "TaskSlices.val_count = 0", "LoopConfig.eval_tasks = 0", "train_bc.curriculum_steps = 0"]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+  proc = subprocess.run([sys.executable, "-m", "launch.train", "--gin_file=gin_configs/runs/bc.gin",
+                         *[f"--gin_bindings={b}" for b in bindings]],
+                        cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+  assert proc.returncode == 0, f"the shared BC run failed:\n{proc.stderr[-3000:]}"
+  return model_dir

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import optax
@@ -211,23 +212,28 @@ def test_whole_episodes_train_their_observations_at_the_gin_context_weight(unint
   # is BC data's first batch, the same one a run without curriculum and without context loss starts with, so
   # their loss-token counts differ by a quarter of that batch's observation tokens.
   model_dir = tmp_path / "actions_only"
-  train(model_dir, "train_agentevol.curriculum_steps = 0", "train_agentevol.num_iterations = 0",
-        "LoopConfig.eval_tasks = 0", "train_agentevol.context_loss_weight = 0.0")
-  actions = train_rows(model_dir)[1]["num_tokens"]
-  with_context = train_rows(uninterrupted[0])[CURRICULUM + 1]["num_tokens"]
-  context_tokens = (with_context - actions) / 0.25
-  assert context_tokens >= 1 and context_tokens == pytest.approx(round(context_tokens), abs=1e-3)
-  proc = train(tmp_path / "bad", "train_agentevol.context_loss_weight = 1.5", check=False)
-  assert proc.returncode != 0 and "context_loss_weight must be in [0, 1], got 1.5" in proc.stderr
+  with ThreadPoolExecutor(2) as pool:  # two independent runs, side by side
+    bad = pool.submit(train, tmp_path / "bad", "train_agentevol.context_loss_weight = 1.5", check=False)
+    pool.submit(train, model_dir, "train_agentevol.curriculum_steps = 0", "train_agentevol.num_iterations = 0",
+                "LoopConfig.eval_tasks = 0", "train_agentevol.context_loss_weight = 0.0").result()
+    actions = train_rows(model_dir)[1]["num_tokens"]
+    with_context = train_rows(uninterrupted[0])[CURRICULUM + 1]["num_tokens"]
+    context_tokens = (with_context - actions) / 0.25
+    assert context_tokens >= 1 and context_tokens == pytest.approx(round(context_tokens), abs=1e-3)
+    proc = bad.result()
+    assert proc.returncode != 0 and "context_loss_weight must be in [0, 1], got 1.5" in proc.stderr
 
 
 def test_curriculum_must_leave_steps_and_match_on_resume(uninterrupted, tmp_path):
-  proc = train(tmp_path / "a", f"train_agentevol.curriculum_steps = {TRAIN_STEPS}", check=False)
-  assert proc.returncode != 0 and "curriculum_steps (4) must be in [0, TRAIN_STEPS=4)" in proc.stderr
   model_dir = tmp_path / "b"
   shutil.copytree(uninterrupted[0], model_dir)
-  proc = train(model_dir, "train_agentevol.curriculum_steps = 2", check=False)
-  assert proc.returncode != 0 and "made with curriculum_steps=1" in proc.stderr
+  with ThreadPoolExecutor(2) as pool:  # two independent runs that must fail, side by side
+    leaves_none = pool.submit(train, tmp_path / "a", f"train_agentevol.curriculum_steps = {TRAIN_STEPS}", check=False)
+    mismatch = pool.submit(train, model_dir, "train_agentevol.curriculum_steps = 2", check=False)
+    proc = leaves_none.result()
+    assert proc.returncode != 0 and "curriculum_steps (4) must be in [0, TRAIN_STEPS=4)" in proc.stderr
+    proc = mismatch.result()
+    assert proc.returncode != 0 and "made with curriculum_steps=1" in proc.stderr
 
 
 def test_kill_and_restart_resumes_inside_the_phase(uninterrupted, tmp_path):

@@ -46,23 +46,32 @@ def test_bindings_by_method():
 
 def test_recipes_and_method_files_are_gin_files_that_parse():
   assert compare.recipe_files("full", "bc") == [] and compare.recipe_files("cpu", "dpo") == []
-  # Parsed as launch.train parses them, in a fresh process (in pytest's, `tests/models` shadows gin's includes).
+  # Parsed as launch.train parses them, in a fresh process (in pytest's, `tests/models` shadows gin's includes):
+  # one process for all methods, each parsed anew after gin.clear_config() (arguments: method, then its files).
   script = (
       "import sys, gin\n"
       "from evolver.train import gin_config\n"
       "from evolver.train.slices import TaskSlices\n"
-      "gin_config.parse(sys.argv[1:], [\"MODEL_DIR = 'x'\"])\n"
-      "print(gin.query_parameter('%TRAIN_STEPS'), TaskSlices().expert_count)\n")
+      "for job in sys.argv[1:]:\n"
+      "  method, *files = job.split(',')\n"
+      "  gin.clear_config()\n"
+      "  gin_config.parse(files, [\"MODEL_DIR = 'x'\"])\n"
+      "  print(f'{method}:', gin.query_parameter('%TRAIN_STEPS'), TaskSlices().expert_count)\n")
   expected = {"bc": "400 80", "bc_x5": "400 400", "grpo": "16 80", "agentevol": "400 80", "exp_hybrid": "8 80",
               "credit_adca_env": "8 80", "credit_anchor": "8 80"}
   assert compare.recipe_files("cpu", "exp_keep") == ["gin_configs/compare/cpu/exp.gin"]
   assert compare.recipe_files("cpu", "credit_anchor") == ["gin_configs/compare/cpu/credit.gin"]
-  for method, want in expected.items():
+  jobs = []
+  for method in expected:
     files = [*compare.METHODS[method].gin_files, *compare.recipe_files("cpu", method)]
     assert len(files) == 1 + len(compare.METHODS[method].gin_files), method
-    proc = subprocess.run([sys.executable, "-c", script, *files], cwd=compare.ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split("\n")[-2] == want, (method, proc.stdout)
+    assert not any("," in f for f in files), files
+    jobs.append(",".join([method, *files]))
+  proc = subprocess.run([sys.executable, "-c", script, *jobs], cwd=compare.ROOT, capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  got = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+  for method, want in expected.items():
+    assert got.get(method) == want, (method, proc.stdout)
 
 
 def test_summary_is_mean_and_sample_std_over_seeds():

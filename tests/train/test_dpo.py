@@ -42,11 +42,6 @@ SMALL_DPO = SMALL_MODEL + [
     "LoopConfig.eval_max_new_tokens = 16", "LoopConfig.eval_max_rounds = 2",
     "TrainerConfig.checkpoint_every = 2", "make_optimizer.learning_rate = 1e-3", "make_optimizer.warmup_steps = 0",
 ]
-SMALL_BC = SMALL_MODEL + [
-    "train_bc.envs = ['sql', 'wordle']", "TaskSlices.expert_count = 16", "train_bc.batch_size = 4",
-    "train_bc.buckets = (512,)",
-    "TaskSlices.val_count = 0", "train_bc.curriculum_steps = 0",  # bc.gin's val and curriculum: not under test here
-]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -196,11 +191,10 @@ def test_dpo_without_init_checkpoint_fails_clearly(tmp_path):
   assert not (tmp_path / "dpo" / "checkpoints").exists()
 
 
-def test_dpo_from_a_bc_run(tmp_path):
-  bc_dir, dpo_dir = tmp_path / "bc", tmp_path / "dpo"
-  launch("gin_configs/runs/bc.gin", [f"MODEL_DIR = '{bc_dir}'", "TRAIN_STEPS = 4", *SMALL_BC])
+def test_dpo_from_a_bc_run(bc_checkpoint, tmp_path):
+  bc_dir, dpo_dir = bc_checkpoint, tmp_path / "dpo"  # a tiny BC run, trained once per session (conftest.py)
   bindings = [f"MODEL_DIR = '{dpo_dir}'", f"INIT_CHECKPOINT = '{bc_dir}'", "TRAIN_STEPS = 4", *SMALL_DPO]
-  # A 4-step BC policy solves nothing: the exploration finds no pair, and the run says so.
+  # A 2-step BC policy solves nothing: the exploration finds no pair, and the run says so.
   proc = launch("gin_configs/runs/dpo.gin", bindings, check=False)
   assert proc.returncode != 0 and "no success/failure pairs" in proc.stderr, proc.stderr[-2000:]
   explored, meta = explorations.load_exploration(str(dpo_dir), 1)

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -164,19 +165,22 @@ def experience_rows(model_dir):
 
 
 @pytest.mark.slow
-def test_the_pool_grows_between_steps_and_a_resumed_run_retrieves_the_same(tmp_path):
-  bc = tmp_path / "bc"
-  launch(["gin_configs/runs/bc.gin"], [*SMALL, f"MODEL_DIR = '{bc}'", "TRAIN_STEPS = 2", "train_bc.envs = ['maze']",
-                                       "TaskSlices.expert_count = 8", "train_bc.curriculum_steps = 0"])
-  from launch import export
-  export.main(["--model_dir", str(bc), "--out", str(tmp_path / "shared"), "--dtype", "bfloat16"])
+def test_the_pool_grows_between_steps_and_a_resumed_run_retrieves_the_same(bc_checkpoint, tmp_path):
+  from launch import export  # SHARED_BC: a tiny BC run (the session's, tests/train/conftest.py), exported
+  export.main(["--model_dir", str(bc_checkpoint), "--out", str(tmp_path / "shared"), "--dtype", "bfloat16"])
   files = ["gin_configs/experience/init_train_update.gin", "gin_configs/experience/hybrid.gin"]
   common = [*SMALL, f"SHARED_BC = '{tmp_path / 'shared'}'", "TRAIN_STEPS = 3", "train_grpo.envs = ['maze', 'sql']",
             "train_grpo.tasks_per_step = 2", "train_grpo.group_size = 4", "train_grpo.max_new_tokens = 16",
             "train_grpo.max_rounds = 2", "TaskSlices.expert_count = 8", "ExperienceManager.blocking = True",
             "TrainerConfig.checkpoint_every = 1"]
-  reference = tmp_path / "reference"
-  proc = launch(files, [*common, f"MODEL_DIR = '{reference}'"])
+  reference, killed = tmp_path / "reference", tmp_path / "killed"
+  # The reference run and the run that is killed are independent processes: they run side by side.
+  with ThreadPoolExecutor(2) as pool:
+    reference_run = pool.submit(launch, files, [*common, f"MODEL_DIR = '{reference}'"])
+    killed_run = pool.submit(launch, files, [*common, f"MODEL_DIR = '{killed}'"], env={KILL_DURING_SAVE_ENV: "4"},
+                             check=False)
+    proc = reference_run.result()
+    killed_proc = killed_run.result()
   assert "initialised 'default' from 16 expert trajectories" in proc.stdout
   rows = experience_rows(reference)
   assert sorted(rows) == [1, 2, 3]
@@ -187,9 +191,7 @@ def test_the_pool_grows_between_steps_and_a_resumed_run_retrieves_the_same(tmp_p
   assert all(rows[s]["exp_tokens"] > 0 for s in rows)  # hybrid: one of the two tasks strips
   # Killed while saving RL step 2 (update 4), resumed: the pool is rewound to the checkpoint's step, and every
   # step retrieves exactly what the unbroken run did.
-  killed = tmp_path / "killed"
-  proc = launch(files, [*common, f"MODEL_DIR = '{killed}'"], env={KILL_DURING_SAVE_ENV: "4"}, check=False)
-  assert proc.returncode == -9, proc.stderr[-2000:]
+  assert killed_proc.returncode == -9, killed_proc.stderr[-2000:]
   proc = launch(files, [*common, f"MODEL_DIR = '{killed}'"])
   assert "resuming at step" in proc.stdout and "initialised" not in proc.stdout
   resumed = experience_rows(killed)

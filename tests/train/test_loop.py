@@ -35,10 +35,12 @@ class Counter:
     self.seen = json.loads(files["seen.json"]) if files else []
 
 
-def make_loop(model_dir, tokenizer, owner, *, val=(), eval_every=0, eval_tasks=0, checkpoint_every=2):
+def make_loop(model_dir, tokenizer, owner, *, val=(), eval_every=0, eval_tasks=0, checkpoint_every=2,
+              max_context_tokens=None):
   trainer = Trainer(str(model_dir), make_model(CONFIG, seed=0), optimizer_lib.make_optimizer(10, learning_rate=1e-2),
                     step_lib.sft_loss_fn, config=TrainerConfig(checkpoint_every=checkpoint_every, async_checkpoint=False))
-  config = LoopConfig(eval_every=eval_every, eval_tasks=eval_tasks, eval_max_new_tokens=8, eval_max_rounds=1)
+  config = LoopConfig(eval_every=eval_every, eval_tasks=eval_tasks, eval_max_new_tokens=8, eval_max_rounds=1,
+                      max_context_tokens=max_context_tokens)
   return Loop("test", str(model_dir), trainer, tokenizer, envs=["maze"], val_indices=list(val), config=config,
               state_owners=[owner])
 
@@ -129,3 +131,12 @@ def test_state_owner_names_are_plain_and_distinct(tmp_path, tokenizer):
   with pytest.raises(ValueError, match="state owner name"):
     Loop("x", str(tmp_path), trainer, tokenizer, envs=["maze"], state_owners=[bad])
   trainer.close()
+
+
+def test_max_context_tokens_sizes_the_engine_and_ends_longer_episodes(tmp_path, tokenizer):
+  default = make_loop(tmp_path / "default", tokenizer, Counter())
+  assert default.engine.sampler.max_length == 4096  # the model has 32,768 positions; the sampler's default cap
+  loop = make_loop(tmp_path / "short", tokenizer, Counter(), max_context_tokens=64)
+  assert loop.engine.sampler.max_length == 64
+  results = loop.evaluate(split="eval", num_tasks=2)  # maze's opening alone is longer than 64 tokens
+  assert all(e["finish_reason"] == "context" and e["turns"] == 0 for e in results["episodes"]), results["episodes"]

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -82,21 +83,21 @@ def _params(model_dir) -> list[np.ndarray]:
 
 
 @pytest.mark.slow
-def test_a_grpo_step_on_2_processes_equals_1_process(tmp_path):
-  bc_dir = tmp_path / "bc"
-  _run(_command("bc.gin", bc_dir, 1, "train_bc.envs = ['sql']", "TaskSlices.expert_count = 4",
-                "train_bc.batch_size = 4", "train_bc.buckets = (512,)", "TaskSlices.val_count = 0",
-                "LoopConfig.eval_tasks = 0", "train_bc.curriculum_steps = 0"), _env(1))
+def test_a_grpo_step_on_2_processes_equals_1_process(bc_checkpoint, tmp_path):
+  bc_dir = bc_checkpoint  # a tiny BC run's checkpoint, trained once per session (tests/train/conftest.py)
   grpo = [*GRPO, f"INIT_CHECKPOINT = '{bc_dir}'"]
 
   single_dir = tmp_path / "single"
-  _run(_command("grpo.gin", single_dir, STEPS, *grpo), _env(4))
+  # The 1-process run is independent of the 2-process one: it runs alongside.
+  with ThreadPoolExecutor(1) as pool:
+    single_run = pool.submit(_run, _command("grpo.gin", single_dir, STEPS, *grpo), _env(4))
 
-  # The 2-process run stops after step 1 and is started again: step 2 runs from the checkpoint both processes
-  # restored.
-  multi_dir = tmp_path / "multi"
-  for steps in (1, STEPS):
-    outs = _run_two_processes(_command("grpo.gin", multi_dir, steps, *grpo))
+    # The 2-process run stops after step 1 and is started again: step 2 runs from the checkpoint both processes
+    # restored.
+    multi_dir = tmp_path / "multi"
+    for steps in (1, STEPS):
+      outs = _run_two_processes(_command("grpo.gin", multi_dir, steps, *grpo))
+    single_run.result()
   assert "resuming at step 1" in outs[0] and "resuming at step 1" in outs[1]
 
   single, multi = metrics_lib.read_metrics(str(single_dir)), metrics_lib.read_metrics(str(multi_dir))

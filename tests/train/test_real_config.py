@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -66,10 +67,13 @@ def test_the_real_config_runs_grpo_from_a_transformers_checkpoint(tiny_checkpoin
 
 
 def test_without_a_checkpoint_the_real_config_says_what_to_set(tmp_path):
-  proc = launch(f"MODEL_DIR = '{tmp_path / 'run'}'")
-  assert proc.returncode != 0 and "HF_CHECKPOINT" in proc.stderr[-2000:]
-  proc = launch(f"MODEL_DIR = '{tmp_path / 'run'}'", f"HF_CHECKPOINT = '{tmp_path / 'nothing'}'")
-  assert proc.returncode != 0 and "is not a directory" in proc.stderr[-2000:]
+  with ThreadPoolExecutor(2) as pool:  # two independent runs that must fail: side by side
+    unset = pool.submit(launch, f"MODEL_DIR = '{tmp_path / 'run'}'")
+    missing = pool.submit(launch, f"MODEL_DIR = '{tmp_path / 'run2'}'", f"HF_CHECKPOINT = '{tmp_path / 'nothing'}'")
+    proc = unset.result()
+    assert proc.returncode != 0 and "HF_CHECKPOINT" in proc.stderr[-2000:]
+    proc = missing.result()
+    assert proc.returncode != 0 and "is not a directory" in proc.stderr[-2000:]
 
 
 REAL_CONFIGS = sorted(f"gin_configs/real/{name}" for name in os.listdir(os.path.join(ROOT, "gin_configs", "real"))
@@ -117,12 +121,24 @@ for config in sys.argv[1:]:
 """
 
 
+@pytest.fixture(scope="module", autouse=True)
+def resolving():
+  """The RESOLVE process, started when this module's tests start so that it runs alongside their launch.train
+  runs; `resolved` reads its answer."""
+  proc = subprocess.Popen([sys.executable, "-c", RESOLVE, *REAL_CONFIGS], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+  yield proc
+  if proc.poll() is None:
+    proc.kill()
+    proc.communicate()
+
+
 @pytest.fixture(scope="module")
-def resolved():
-  proc = subprocess.run([sys.executable, "-c", RESOLVE, *REAL_CONFIGS], cwd=ROOT, capture_output=True, text=True,
-                        timeout=300, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+def resolved(resolving):
+  stdout, stderr = resolving.communicate(timeout=600)
+  assert resolving.returncode == 0, stderr[-3000:]
+  rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
   return {row["config"]: row for row in rows}
 
 

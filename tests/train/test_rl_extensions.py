@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -141,17 +142,16 @@ def grpo(run_dir, bc_dir, out, steps, env=None, check=True):
 
 
 @pytest.mark.slow
-def test_extension_state_is_kept_with_each_checkpoint_across_a_kill(tmp_path):
-  bc_dir = tmp_path / "bc"
-  proc = subprocess.run(
-      [sys.executable, "-m", "launch.train", "--gin_file=gin_configs/runs/bc.gin",
-       *[f"--gin_bindings={b}" for b in [*SMALL, f"MODEL_DIR = '{bc_dir}'", "TRAIN_STEPS = 2",
-                                         "train_bc.envs = ['sql']", "TaskSlices.expert_count = 8",
-                                         "train_bc.batch_size = 4", "train_bc.curriculum_steps = 0"]]],
-      cwd=ROOT, capture_output=True, text=True, env=launch_env(), timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+def test_extension_state_is_kept_with_each_checkpoint_across_a_kill(bc_checkpoint, tmp_path):
+  bc_dir = bc_checkpoint  # some tiny BC checkpoint to start from: the session's (tests/train/conftest.py)
   reference_dir, reference_out = tmp_path / "reference", tmp_path / "reference.json"
-  grpo(reference_dir, bc_dir, reference_out, 3)
+  killed_dir, killed_out = tmp_path / "killed", tmp_path / "killed.json"
+  # The reference run and the run that is killed are independent processes: they run side by side.
+  with ThreadPoolExecutor(2) as pool:
+    reference_run = pool.submit(grpo, reference_dir, bc_dir, reference_out, 3)
+    killed_run = pool.submit(grpo, killed_dir, bc_dir, killed_out, 3, env={KILL_DURING_SAVE_ENV: "4"}, check=False)
+    reference_run.result()
+    proc = killed_run.result()
   reference = json.loads(reference_out.read_text())
   assert reference["steps"] == [0, 1, 2] and reference["advantage_calls"] == 3
   assert reference["with_hint"] == [2, 2, 2]  # sample 0 of each of the 2 tasks
@@ -164,8 +164,6 @@ def test_extension_state_is_kept_with_each_checkpoint_across_a_kill(tmp_path):
 
   # Killed while saving RL step 2 (update 4: two minibatches a step), then resumed: the record is the one kept
   # with the checkpoint it resumes from, so no step is seen twice or lost, and the run ends as the reference.
-  killed_dir, killed_out = tmp_path / "killed", tmp_path / "killed.json"
-  proc = grpo(killed_dir, bc_dir, killed_out, 3, env={KILL_DURING_SAVE_ENV: "4"}, check=False)
   assert proc.returncode == -9, proc.stderr[-2000:]
   assert ckpt_lib.Checkpointer(str(killed_dir), async_save=False).latest_step() in (2, 4)
   proc = grpo(killed_dir, bc_dir, killed_out, 3)

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -43,10 +44,22 @@ def losses(model_dir):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-  model_dir = tmp_path_factory.mktemp("bc") / "run"
-  train(model_dir, 12)
-  return model_dir
+def bc_runs(tmp_path_factory):
+  """The 12-step run, uninterrupted; and, side by side with it (an independent process), the same run killed
+  while saving step 8 (for test_sigkill_mid_save_resumes_from_last_complete_checkpoint): (run, killed, its proc)."""
+  root = tmp_path_factory.mktemp("bc")
+  model_dir, killed_dir = root / "run", root / "killed"
+  with ThreadPoolExecutor(2) as pool:
+    killed = pool.submit(train, killed_dir, 12, env={KILL_DURING_SAVE_ENV: "8"}, check=False)
+    uninterrupted_run = pool.submit(train, model_dir, 12)
+    uninterrupted_run.result()
+    killed_proc = killed.result()
+  return model_dir, killed_dir, killed_proc
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(bc_runs):
+  return bc_runs[0]
 
 
 def test_bc_trains_checkpoints_and_writes_configs(uninterrupted):
@@ -71,9 +84,8 @@ def test_rerun_with_more_steps_resumes_without_repeating(uninterrupted, tmp_path
   assert sorted(losses(model_dir)) == list(range(1, 17))
 
 
-def test_sigkill_mid_save_resumes_from_last_complete_checkpoint(uninterrupted, tmp_path):
-  model_dir = tmp_path / "killed"
-  proc = train(model_dir, 12, env={KILL_DURING_SAVE_ENV: "8"}, check=False)
+def test_sigkill_mid_save_resumes_from_last_complete_checkpoint(uninterrupted, bc_runs):
+  _, model_dir, proc = bc_runs  # run 12 steps with a SIGKILL while saving step 8 (beside the uninterrupted run)
   assert proc.returncode == -9, proc.stderr[-2000:]
   complete = ckpt_lib.Checkpointer(str(model_dir), async_save=False).all_steps()
   assert complete and max(complete) in (4, 8)
