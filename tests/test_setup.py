@@ -56,7 +56,7 @@ def test_quickstart_installs_without_the_test_extra_and_test_sh_adds_it(repo):
   calls, _ = run(repo, "quickstart.sh")
   assert not installs(calls) and len(calls) == 1  # stamped: nothing to install
   calls, out = run(repo, "test.sh", "-k", "x")
-  assert installs(calls) == ["-m pip install -e .[test]"] and "with its test extra" in out
+  assert installs(calls) == ["-m pip install -e .[test,sciworld]"] and "with its test extra" in out
   assert calls[-1] == "-m pytest tests -q -ra -k x"
   calls, _ = run(repo, "test.sh")
   assert calls == ["-m pytest tests -q -ra"]
@@ -68,7 +68,7 @@ def test_quickstart_installs_without_the_test_extra_and_test_sh_adds_it(repo):
 
 def test_a_venv_set_up_for_tests_needs_nothing_more_for_the_quickstart(repo):
   calls, _ = run(repo, "test.sh")
-  assert installs(calls) == ["-m pip install -e .[test]"]
+  assert installs(calls) == ["-m pip install -e .[test,sciworld]"]
   calls, _ = run(repo, "quickstart.sh")
   assert len(calls) == 1 and calls[0].startswith("-m launch.train")
 
@@ -80,7 +80,7 @@ def test_changing_setup_py_installs_again(repo):
   calls, _ = run(repo, "quickstart.sh")
   assert installs(calls) == ["-m pip install -e ."]
   calls, _ = run(repo, "test.sh")  # the old stamp for tests no longer counts
-  assert installs(calls) == ["-m pip install -e .[test]"]
+  assert installs(calls) == ["-m pip install -e .[test,sciworld]"]
 
 
 def test_setup_venv_says_how_to_call_it(repo):
