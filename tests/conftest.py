@@ -1,7 +1,12 @@
-"""Test-wide set-up: 8 fake CPU devices and JAX's persistent compilation cache.
+"""Test-wide set-up: 8 fake CPU devices and JAX's persistent compilation cache; the files with slow tests first.
 
 Both must be set before JAX is imported anywhere, so they live here. Single-device tests pin themselves to
 `jax.devices()[0]`; sharding tests build meshes over all 8.
+
+launch/test.sh runs the suite on 2 pytest-xdist workers, a file at a time per worker (`--dist loadfile`: a file's
+module fixtures are built once). Workers take files in collection order, so the files holding `slow` tests are
+collected first: the longest work starts first and the short files fill in at the end, instead of one worker
+starting a long file while the other has nothing left.
 """
 
 import os
@@ -17,3 +22,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: slower tests; still run in CI")
+
+
+def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+  slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+  slow_count = {path: sum(1 for item in items if item.path == path and item.get_closest_marker("slow"))
+                for path in slow_files}
+  order = {path: rank for rank, path in enumerate(sorted(slow_files, key=lambda p: -slow_count[p]))}
+  items.sort(key=lambda item: order.get(item.path, len(order)))  # stable: the rest keep their order

@@ -29,6 +29,7 @@ def report_of(proc) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_every_program_of_the_tiny_default_on_8_fake_devices():
   report = report_of(aot(TINY, "--topology=cpu:8", *SMALL))
   assert report["devices"] == 8 and report["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}

@@ -20,6 +20,8 @@ naming the file and the item, unless the config skips such items (with a warning
 
 Generation is cached by tfds under `data_dir`: a second `download_and_prepare()` reads what is there. The
 default `data_dir` is `$EVOLVER_CACHE_DIR/tensorflow_datasets`, else `~/.cache/evolver/tensorflow_datasets`.
+Processes that share a local `data_dir` (the jobs of a sweep, parallel test workers) take turns building one
+config under a file lock, so the second reads what the first built instead of racing it to the final rename.
 
 From the command line, tfds' `build` command (through `evolver.data.tfds_cli`, because the `tfds` executable
 of tensorflow-datasets 4.9 needs TensorFlow to start; with TensorFlow installed, `tfds build
@@ -39,7 +41,9 @@ From Python:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import glob
 import hashlib
@@ -54,6 +58,7 @@ import tensorflow_datasets as tfds
 import tqdm
 
 import evolver.envs as envs_lib
+from evolver import paths as paths_lib
 from evolver.data import agenttraj
 from evolver.data import expert as expert_lib
 from evolver.data.trajectory import Trajectory
@@ -416,6 +421,29 @@ def check_agent_traj_files(builder: AgentTrajJson) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _build_lock(builder: tfds.core.DatasetBuilder):
+  """Holds an exclusive lock on `<config dir>.lock` beside a local builder's data (none for object stores, where
+  tfds' own temporary directories are all there is)."""
+  data_dir = os.fspath(builder.data_dir)
+  if not paths_lib.is_local(data_dir):
+    yield
+    return
+  os.makedirs(os.path.dirname(data_dir), exist_ok=True)
+  with open(data_dir + ".lock", "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def prepare(builder: tfds.core.DatasetBuilder) -> None:
+  """`builder.download_and_prepare()`, one process at a time per config (see the module docstring)."""
+  with _build_lock(builder):
+    builder.download_and_prepare()
+
+
 def expert_builder(env_names: str | Sequence[str], start: int, count: int,
                    data_dir: str | None = None) -> ExpertTrajectories:
   return ExpertTrajectories(config=expert_config(env_names, start, count), data_dir=data_dir)
@@ -430,7 +458,7 @@ def load_expert_source(env_names: str | Sequence[str], start: int, count: int,
     task index within an env.
   """
   builder = expert_builder(env_names, start, count, data_dir)
-  builder.download_and_prepare()
+  prepare(builder)
   check_env_versions(builder)
   return TrajectorySource(builder.as_data_source(split="train"))
 
@@ -439,6 +467,6 @@ def load_agent_traj_source(name: str, paths: Sequence[str], data_dir: str | None
                            skip_empty: bool = False) -> TrajectorySource:
   """The trajectories of AgentTraj JSON `paths`, imported into TFDS under config `name` on first use."""
   builder = AgentTrajJson(config=agent_traj_config(name, paths, skip_empty=skip_empty), data_dir=data_dir)
-  builder.download_and_prepare()
+  prepare(builder)
   check_agent_traj_files(builder)
   return TrajectorySource(builder.as_data_source(split="train"))

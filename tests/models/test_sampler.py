@@ -413,6 +413,7 @@ def test_continuous_batching_refuses_bad_calls_and_reuses_a_row_for_a_new_conver
   assert finished[0].tokens == greedy_reference(model, PROMPTS[1], len(finished[0].tokens))[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_mesh", [False, True])
 def test_precompiling_the_slot_programs_leaves_nothing_to_compile(flat_model, on_mesh):
   """After `precompile_slots`, continuous batching of that many rows (turns begun on any number of rows at any

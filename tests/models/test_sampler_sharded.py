@@ -182,6 +182,7 @@ def test_bfloat16_weights_on_a_mesh_sample_what_one_device_samples():
   assert_same_generation(single, out, atol=1e-2)
 
 
+@pytest.mark.slow
 def test_precompiled_slot_programs_on_a_mesh_leave_nothing_to_compile(model):
   """`precompile_slots` on a mesh of 8: afterwards continuous batching (turns begun on any number of rows, long
   chunks in pieces, rows repacked) compiles nothing."""

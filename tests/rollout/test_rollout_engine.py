@@ -121,6 +121,7 @@ def test_logprobs_are_the_policys_on_the_whole_sequence(cached, model):
     np.testing.assert_allclose(t.logprobs[positions], expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_both_schedules_give_the_same_episodes(engine, cached, turn_by_turn):
   """Continuous batching (rows at different turns: maze ends after 2 turns, wordle after 4) and turn by turn give
   the same episodes, greedy and sampled; the continuous schedule never decodes more steps."""

@@ -41,6 +41,7 @@ def _same(a: Rollout, b: Rollout) -> None:
 # -- per-episode randomness -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_episode_is_the_same_however_the_work_is_split(engine):
   mixed = engine.run(TASKS, SAMPLED).trajectories
   assert all(not t.failed for t in mixed)

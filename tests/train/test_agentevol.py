@@ -192,6 +192,7 @@ def test_every_learning_phase_restarts_from_the_curriculum_end(uninterrupted):
     assert abs(rows[(p + 1) * TRAIN_STEPS]["param_norm"] - curriculum_end) > 1e-3 * curriculum_end
 
 
+@pytest.mark.slow
 def test_without_curriculum_every_phase_starts_from_the_base_model(tmp_path):
   model_dir = tmp_path / "run"
   train(model_dir, "train_agentevol.curriculum_steps = 0", "train_agentevol.num_iterations = 1",
@@ -236,6 +237,7 @@ def test_curriculum_must_leave_steps_and_match_on_resume(uninterrupted, tmp_path
     assert proc.returncode != 0 and "made with curriculum_steps=1" in proc.stderr
 
 
+@pytest.mark.slow
 def test_kill_and_restart_resumes_inside_the_phase(uninterrupted, tmp_path):
   reference_dir, _ = uninterrupted
   model_dir = tmp_path / "killed"

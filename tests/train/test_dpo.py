@@ -191,6 +191,7 @@ def test_dpo_without_init_checkpoint_fails_clearly(tmp_path):
   assert not (tmp_path / "dpo" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_dpo_from_a_bc_run(bc_checkpoint, tmp_path):
   bc_dir, dpo_dir = bc_checkpoint, tmp_path / "dpo"  # a tiny BC run, trained once per session (conftest.py)
   bindings = [f"MODEL_DIR = '{dpo_dir}'", f"INIT_CHECKPOINT = '{bc_dir}'", "TRAIN_STEPS = 4", *SMALL_DPO]

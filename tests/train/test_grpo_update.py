@@ -131,6 +131,7 @@ def grpo_update(config, rollouts, tokenizer, tmp_path, *, devices, num_microbatc
   return row, jax.tree.map(lambda a, b: a - b, after, before), step
 
 
+@pytest.mark.slow
 def test_a_grpo_step_on_8_devices_in_bf16_with_microbatches_equals_1_device_float32(step_rollouts, tmp_path):
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 fake devices")
@@ -152,6 +153,7 @@ def test_a_grpo_step_on_8_devices_in_bf16_with_microbatches_equals_1_device_floa
   assert np.linalg.norm(d8 - d1) / np.linalg.norm(d1) < 0.15
 
 
+@pytest.mark.slow
 def test_precompiled_updates_compile_nothing_and_pad_rows_without_changing_the_update(step_rollouts, tmp_path):
   # 5 rollouts in 2 minibatches of 3 and 2 rows: padded to 4 and 2 rows by default, to 4 and 4 with max_rows = 8
   # (`update_rows`: the rows of the largest minibatch a step of 8 rows could have), zero-mask rows that change

@@ -50,6 +50,7 @@ def tiny_checkpoint(tmp_path_factory):
   return path
 
 
+@pytest.mark.slow
 def test_the_real_config_runs_grpo_from_a_transformers_checkpoint(tiny_checkpoint, tmp_path):
   model_dir = tmp_path / "run"
   proc = launch(f"MODEL_DIR = '{model_dir}'", f"HF_CHECKPOINT = '{tiny_checkpoint}'", "TRAIN_STEPS = 1",

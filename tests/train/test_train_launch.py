@@ -62,6 +62,7 @@ def uninterrupted(bc_runs):
   return bc_runs[0]
 
 
+@pytest.mark.slow
 def test_bc_trains_checkpoints_and_writes_configs(uninterrupted):
   loss = losses(uninterrupted)
   assert sorted(loss) == list(range(1, 13))
