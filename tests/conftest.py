@@ -28,5 +28,6 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
   slow_files = {item.path for item in items if item.get_closest_marker("slow")}
   slow_count = {path: sum(1 for item in items if item.path == path and item.get_closest_marker("slow"))
                 for path in slow_files}
-  order = {path: rank for rank, path in enumerate(sorted(slow_files, key=lambda p: -slow_count[p]))}
+  # Sorted by count, then name: every xdist worker must collect the same order (set order varies by process).
+  order = {path: rank for rank, path in enumerate(sorted(slow_files, key=lambda p: (-slow_count[p], str(p))))}
   items.sort(key=lambda item: order.get(item.path, len(order)))  # stable: the rest keep their order
