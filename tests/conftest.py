@@ -1,4 +1,5 @@
-"""Test-wide set-up: 8 fake CPU devices and JAX's persistent compilation cache; the files with slow tests first.
+"""Test-wide set-up: 8 fake CPU devices, XLA flags for fast compiles and JAX's persistent compilation cache; the
+files with slow tests first.
 
 Both must be set before JAX is imported anywhere, so they live here. Single-device tests pin themselves to
 `jax.devices()[0]`; sharding tests build meshes over all 8.
@@ -11,7 +12,10 @@ starting a long file while the other has nothing left.
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# XLA:CPU at LLVM's optimisation level 0: the suite's tiny programs spend far more time compiling than running
+# (tests/subprocess_env.py; the processes tests start keep it): the same programs, less optimised.
+os.environ.setdefault("EVOLVER_TEST_XLA_FLAGS", "--xla_backend_optimization_level=0")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 " + os.environ["EVOLVER_TEST_XLA_FLAGS"])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_ROOT, ".cache", "jax"))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = "--gin_file=gin_configs/models/tiny.gin"
@@ -19,7 +20,7 @@ SMALL = ["--gin_bindings=ModelConfig.max_position_embeddings = 512", "--length=1
 
 
 def aot(*args):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the tool sets the devices up itself
+  env = one_device_env()  # the tool sets the devices up itself
   return subprocess.run([sys.executable, "-m", "launch.aot", *args], cwd=ROOT, capture_output=True, text=True,
                         env=env, timeout=300)
 

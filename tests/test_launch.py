@@ -15,6 +15,7 @@ import pytest
 
 from evolver import runtime
 from evolver.train import gin_config
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BC_GIN = os.path.join(ROOT, "gin_configs", "runs", "bc.gin")
@@ -58,7 +59,7 @@ def test_train_runs_the_same_from_another_directory_with_the_cache_on(tmp_path, 
   probe.mkdir()
   (probe / "launch_probe.py").write_text(PROBE)
   (probe / "probe.gin").write_text("import launch_probe\nrun.loop = @probe_loop\nprobe_loop.model_dir = %MODEL_DIR\n")
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", runtime.JAX_CACHE_DIR_ENV)}
+  env = {k: v for k, v in one_device_env().items() if k != runtime.JAX_CACHE_DIR_ENV}
   env.update(EVOLVER_CACHE_DIR=str(tmp_path / "cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              PYTHONPATH=os.pathsep.join([ROOT, str(probe)]))  # launch/ is at the repository root, not installed
   gin_file = os.path.relpath(os.path.join(ROOT, "gin_configs", run_config), work)

@@ -50,7 +50,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -422,10 +422,9 @@ def check_agent_traj_files(builder: AgentTrajJson) -> None:
 
 
 @contextlib.contextmanager
-def _build_lock(builder: tfds.core.DatasetBuilder):
-  """Holds an exclusive lock on `<config dir>.lock` beside a local builder's data (none for object stores, where
-  tfds' own temporary directories are all there is)."""
-  data_dir = os.fspath(builder.data_dir)
+def _build_lock(data_dir: str):
+  """Holds an exclusive lock on `<data_dir>.lock` (a builder's config directory) when it is local; object stores
+  have only tfds' own temporary directories."""
   if not paths_lib.is_local(data_dir):
     yield
     return
@@ -438,10 +437,14 @@ def _build_lock(builder: tfds.core.DatasetBuilder):
       fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def prepare(builder: tfds.core.DatasetBuilder) -> None:
-  """`builder.download_and_prepare()`, one process at a time per config (see the module docstring)."""
-  with _build_lock(builder):
+def prepared(make_builder: Callable[[], tfds.core.DatasetBuilder]) -> tfds.core.DatasetBuilder:
+  """A builder whose data is on disk: built here unless another process built it (one process at a time per
+  config, see the module docstring). The builder is made again once the lock is held: one made before another
+  process finished building reads the dataset's info as it was then (no splits)."""
+  with _build_lock(os.fspath(make_builder().data_dir)):
+    builder = make_builder()
     builder.download_and_prepare()
+  return builder
 
 
 def expert_builder(env_names: str | Sequence[str], start: int, count: int,
@@ -457,8 +460,7 @@ def load_expert_source(env_names: str | Sequence[str], start: int, count: int,
     A random-access sequence of `len(env_names) * count` Trajectories, env by env (sorted names) and by
     task index within an env.
   """
-  builder = expert_builder(env_names, start, count, data_dir)
-  prepare(builder)
+  builder = prepared(lambda: expert_builder(env_names, start, count, data_dir))
   check_env_versions(builder)
   return TrajectorySource(builder.as_data_source(split="train"))
 
@@ -466,7 +468,7 @@ def load_expert_source(env_names: str | Sequence[str], start: int, count: int,
 def load_agent_traj_source(name: str, paths: Sequence[str], data_dir: str | None = None, *,
                            skip_empty: bool = False) -> TrajectorySource:
   """The trajectories of AgentTraj JSON `paths`, imported into TFDS under config `name` on first use."""
-  builder = AgentTrajJson(config=agent_traj_config(name, paths, skip_empty=skip_empty), data_dir=data_dir)
-  prepare(builder)
+  config = agent_traj_config(name, paths, skip_empty=skip_empty)
+  builder = prepared(lambda: AgentTrajJson(config=config, data_dir=data_dir))
   check_agent_traj_files(builder)
   return TrajectorySource(builder.as_data_source(split="train"))

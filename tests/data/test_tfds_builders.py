@@ -194,8 +194,8 @@ def test_tfds_build_command_on_an_unskippable_error_says_to_fix_the_item(tmp_pat
 BUILD_IN_A_PROCESS = """
 import sys
 from evolver.data import tfds_builders
-source = tfds_builders.load_expert_source(["maze"], 0, 3, sys.argv[1])
-print(len(source), source[2].item_id)
+source = tfds_builders.load_expert_source(["maze"], 0, 6, sys.argv[1])
+print(len(source), source[5].item_id)
 """
 
 
@@ -203,10 +203,10 @@ def test_processes_sharing_a_data_dir_build_one_config_in_turn(tmp_path):
   # Two processes that first use one config at once (the jobs of a sweep, parallel test workers): without the
   # lock both build it and the later one fails renaming its temporary directory onto the first one's result.
   procs = [subprocess.Popen([sys.executable, "-c", BUILD_IN_A_PROCESS, str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True) for _ in range(3)]
+                            stderr=subprocess.PIPE, text=True) for _ in range(4)]
   outs = [p.communicate(timeout=300) for p in procs]
   for p, (out, err) in zip(procs, outs):
     assert p.returncode == 0, err[-2000:]
-    assert out.splitlines()[-1].split() == ["3", "maze_2"]
-  built = tmp_path / "expert_trajectories" / "maze_3"
+    assert out.splitlines()[-1].split() == ["6", "maze_5"]
+  built = tmp_path / "expert_trajectories" / "maze_6"
   assert sorted(os.listdir(built)) == ["1.0.0", "1.0.0.lock"]  # one build, no temporary directory left

@@ -10,6 +10,7 @@ import pytest
 from evolver.envs.base import TextEnv
 from evolver.tasks import filters, generate, taskset
 from tests.tasks import fakes
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV_API = all(hasattr(TextEnv, name) for name in ("reset_world", "hindsight_tasks", "target_key", "spec_target_key"))
@@ -80,7 +81,7 @@ def test_generate_tasks_refuses_bad_settings(tmp_path, kwargs, message):
 def launch(model_dir, *bindings):
   cmd = [sys.executable, "-m", "launch.train", "--gin_file=gin_configs/tasks/selfq.gin",
          f"--gin_bindings=MODEL_DIR = '{model_dir}'", *[f"--gin_bindings={b}" for b in bindings]]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = one_device_env()
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, f"launch.train failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
   with open(os.path.join(model_dir, generate.STATS_FILE)) as f:

@@ -9,6 +9,7 @@ import pytest
 
 from evolver.data import batching, expert
 from evolver.models.tokenizer import load_tokenizer
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The small model every launch.train test uses; a run that starts from `bc_checkpoint` takes its shapes from it.
@@ -37,7 +38,7 @@ def bc_checkpoint(tmp_path_factory):
   bindings = [*SMALL_MODEL, f"MODEL_DIR = '{model_dir}'", "TRAIN_STEPS = 2", "train_bc.envs = ['sql']",
               "TaskSlices.expert_count = 8", "train_bc.batch_size = 4", "train_bc.buckets = (512,)",
               "TaskSlices.val_count = 0", "LoopConfig.eval_tasks = 0", "train_bc.curriculum_steps = 0"]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+  env = one_device_env()  # one CPU device, as users run it
   proc = subprocess.run([sys.executable, "-m", "launch.train", "--gin_file=gin_configs/runs/bc.gin",
                          *[f"--gin_bindings={b}" for b in bindings]],
                         cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)

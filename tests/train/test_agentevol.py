@@ -24,6 +24,7 @@ from evolver.train import explorations
 from evolver.train import metrics as metrics_lib
 from evolver.train.trainer import KILL_DURING_SAVE_ENV
 from tests.train.helpers import traj
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_STEPS = 4
@@ -125,7 +126,7 @@ def train(model_dir, *extra_bindings, env=None, check=True):
   bindings = [f"MODEL_DIR = '{model_dir}'", f"TRAIN_STEPS = {TRAIN_STEPS}", *SMALL, *extra_bindings]
   cmd = [sys.executable, "-m", "launch.train", "--gin_file=gin_configs/runs/agentevol.gin"]
   cmd += [f"--gin_bindings={b}" for b in bindings]
-  run_env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+  run_env = one_device_env()  # one CPU device, as users run it
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(run_env, **(env or {})),
                         timeout=600)
   if check and proc.returncode != 0:

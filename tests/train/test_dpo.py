@@ -30,6 +30,7 @@ from evolver.train import metrics as metrics_lib
 from evolver.train import optimizer as optimizer_lib
 from evolver.train import state as state_lib
 from evolver.train import step as step_lib
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL_MODEL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelConfig.intermediate_size = 128"]
@@ -177,7 +178,7 @@ def test_dpo_step_keeps_pairs_whole_under_microbatching():
 
 def launch(gin_file, bindings, check=True):
   cmd = [sys.executable, "-m", "launch.train", f"--gin_file={gin_file}"] + [f"--gin_bindings={b}" for b in bindings]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+  env = one_device_env()  # one CPU device, as users run it
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
   if check and proc.returncode != 0:
     raise AssertionError(f"launch.train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -16,6 +16,7 @@ from evolver.models.tokenizer import load_tokenizer
 from evolver.rollout import Rollout, RolloutEngine
 from evolver.train.evaluation import evaluate, flatten_metrics, summarize, summarize_env, write_eval_results
 from tests.rollout.tiny_policy import tiny_model, tiny_sampler
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -135,8 +136,7 @@ def test_launch_eval_end_to_end(tok, tmp_path):
   save_hf(tiny_model(tok), checkpoint)
   tok.save_pretrained(checkpoint)
   out = str(tmp_path / "out" / "eval_results.json")
-  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  env.pop("XLA_FLAGS", None)  # one CPU device is all it needs
+  env = one_device_env(base={**os.environ, "JAX_PLATFORMS": "cpu"})  # one CPU device is all it needs
   proc = subprocess.run(
       [sys.executable, "-m", "launch.eval", "--hf_checkpoint", checkpoint, "--envs", "maze,wordle",
        "--split", "eval", "--num_tasks", "3", "--max_new_tokens", "16", "--max_rounds", "2", "--out", out],

@@ -26,6 +26,7 @@ from evolver.train import optimizer as optimizer_lib
 from evolver.train.experience import ExperienceManager, task_groups
 from evolver.train.trainer import KILL_DURING_SAVE_ENV, Trainer, TrainerConfig
 from tests.rollout.tiny_policy import tiny_model, tiny_sampler
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -150,7 +151,7 @@ SMALL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelCon
 
 
 def launch(gin_files, bindings, env=None, check=True):
-  run_env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+  run_env = one_device_env()  # one CPU device, as users run it
   cmd = [sys.executable, "-m", "launch.train", *[f"--gin_file={f}" for f in gin_files],
          *[f"--gin_bindings={b}" for b in bindings]]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(run_env, **(env or {})),

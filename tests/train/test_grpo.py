@@ -18,6 +18,7 @@ from evolver.train import checkpoints as ckpt_lib
 from evolver.train import metrics as metrics_lib
 from evolver.train import rl
 from evolver.train import step as step_lib
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
@@ -107,7 +108,7 @@ def launch(run_file, model_dir, steps, *bindings, check=True):
   cmd = [sys.executable, "-m", "launch.train", f"--gin_file=gin_configs/runs/{run_file}",
          f"--gin_bindings=MODEL_DIR = '{model_dir}'", f"--gin_bindings=TRAIN_STEPS = {steps}"]
   cmd += [f"--gin_bindings={b}" for b in [*SMALL, *bindings]]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = one_device_env()
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
   if check and proc.returncode != 0:
     raise AssertionError(f"launch.train {run_file} failed:\n{proc.stderr[-3000:]}")

@@ -20,6 +20,7 @@ import pytest
 
 from evolver.train import checkpoints as ckpt_lib
 from evolver.train import metrics as metrics_lib
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelConfig.intermediate_size = 128"]
@@ -46,9 +47,7 @@ def _command(run_file: str, model_dir, steps: int, *bindings: str) -> list[str]:
 
 
 def _env(devices: int) -> dict[str, str]:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  return env
+  return one_device_env(devices)
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -35,6 +35,7 @@ from evolver.train import step as step_lib
 from evolver.train.loop import Loop, Preempted, scalar_metrics, write_gin_config
 from evolver.train.trainer import Trainer, TrainerConfig
 from tests.train.helpers import traj
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = ModelConfig(vocab_size=2432, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
@@ -240,7 +241,7 @@ def bc_command(model_dir, steps: int) -> list[str]:
 
 
 def bc_env() -> dict[str, str]:
-  return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+  return one_device_env()  # one CPU device, as users run it
 
 
 @pytest.mark.slow

@@ -22,13 +22,14 @@ transformers = pytest.importorskip("transformers")
 from evolver.models.tokenizer import TINY_TOKENIZER_DIR  # noqa: E402
 from evolver.train import checkpoints as ckpt_lib  # noqa: E402
 from evolver.train import metrics as metrics_lib  # noqa: E402
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = "gin_configs/real/grpo.gin"
 
 
 def launch(*bindings):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+  env = one_device_env()  # one CPU device, as users run it
   return subprocess.run([sys.executable, "-m", "launch.train", f"--gin_file={CONFIG}",
                          *[f"--gin_bindings={b}" for b in bindings]], cwd=ROOT, capture_output=True, text=True,
                         env=env, timeout=600)
@@ -128,7 +129,7 @@ def resolving():
   runs; `resolved` reads its answer."""
   proc = subprocess.Popen([sys.executable, "-c", RESOLVE, *REAL_CONFIGS], cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True,
-                          env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+                          env=one_device_env())
   yield proc
   if proc.poll() is None:
     proc.kill()

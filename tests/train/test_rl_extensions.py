@@ -24,6 +24,7 @@ from evolver.train import advantages, checkpoints as ckpt_lib, credit, metrics a
 from evolver.train.extensions import RLExtension, chain_openings
 from evolver.train.trainer import KILL_DURING_SAVE_ENV
 from tests.train import rl_extension_run  # the extension and advantage function the subprocess runs use
+from tests.subprocess_env import one_device_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -124,7 +125,7 @@ SMALL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelCon
 
 
 def launch_env(extra=None):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as users run it
+  env = one_device_env()  # one CPU device, as users run it
   return dict(env, **(extra or {}))
 
 
