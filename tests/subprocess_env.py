@@ -12,7 +12,7 @@ import os
 TEST_XLA_FLAGS_ENV = "EVOLVER_TEST_XLA_FLAGS"
 
 
-def test_xla_flags(devices: int | None = None) -> str:
+def subprocess_xla_flags(devices: int | None = None) -> str:
   """XLA_FLAGS for a test's process: the tests' flags, and `devices` fake CPU devices when given."""
   flags = os.environ.get(TEST_XLA_FLAGS_ENV, "").split()
   if devices is not None:
@@ -21,7 +21,7 @@ def test_xla_flags(devices: int | None = None) -> str:
 
 
 def one_device_env(devices: int | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
-  """`base` (default: this process's environment) with XLA_FLAGS set to `test_xla_flags(devices)`."""
+  """`base` (default: this process's environment) with XLA_FLAGS set to `subprocess_xla_flags(devices)`."""
   env = dict(os.environ if base is None else base)
-  env["XLA_FLAGS"] = test_xla_flags(devices)
+  env["XLA_FLAGS"] = subprocess_xla_flags(devices)
   return env

@@ -61,7 +61,7 @@ from evolver.experience import summarizer as summarizer_lib
 from evolver.experience.pool import ExperiencePool
 from evolver.experience.service import ExperienceBackend, ExperienceClient, LocalBackend
 from evolver.experience.store import ExperienceStore
-from evolver.rollout import EpisodeOpening, OpeningChange, Rollout, strip_added
+from evolver.rollout import EpisodeOpening, OpeningChange, Rollout
 from evolver.train.extensions import RLExtension
 
 STATE_FILE = "pool.json"
@@ -84,6 +84,7 @@ class ExperienceManager(RLExtension):
   """The experience pool as an RL extension (module docstring). Gin names as DESIGN section 4."""
 
   name = "experience"
+  added_keys = ("experience", "experience_text")  # the retrieved memory ids; the text injected
 
   def __init__(self, *, workspace_id: str = "default", train_rollout_mode: str = "woexp",
                val_rollout_mode: str = "woexp", rollout_ratio: float = 0.0, train_sample_mode: str = "alldiscard",
@@ -133,6 +134,7 @@ class ExperienceManager(RLExtension):
     self._summarizer = summarizer_lib.ExtractiveSummarizer()
     self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="summarizer")
     self._pending: list[concurrent.futures.Future] = []
+    self._trained_with = 0  # the last step's samples whose experience stayed in their training tokens
 
   # -- set-up ------------------------------------------------------------------------------------------------
 
@@ -245,13 +247,27 @@ class ExperienceManager(RLExtension):
                                                    "experience_text": text})
     return changes
 
-  def training_rollouts(self, step: int, rollouts: list[Rollout], tokenizer: PreTrainedTokenizerBase
-                        ) -> list[Rollout]:
+  def sample_modes(self, step: int, rollouts: Sequence[Rollout]) -> dict[int, str]:
+    """{task group: "keep" | "discard"} for step `step`'s rollouts, by `train_sample_mode` (seeded per step)."""
     groups = sorted({r.group for r in rollouts})
     modes = manager_lib.allocate_train_modes(len(groups), self.train_sample_mode, self.train_sample_keepratio,
                                              np.random.default_rng([self.seed, step, 2]))
-    mode_of = dict(zip(groups, modes))
-    return [strip_added(r, tokenizer) if r.added and mode_of[r.group] == "discard" else r for r in rollouts]
+    return dict(zip(groups, modes))
+
+  def training_rollouts(self, step: int, rollouts: list[Rollout], tokenizer: PreTrainedTokenizerBase
+                        ) -> list[Rollout]:
+    """Of the tasks whose mode is "discard", the samples' experience is stripped (exp_mask 1); "keep" trains with
+    it. Other extensions' additions are left as they are."""
+    mode_of = self.sample_modes(step, rollouts)
+    trained = [self.strip_own(r, tokenizer) if mode_of[r.group] == "discard" else r for r in rollouts]
+    self._trained_with = sum("experience" in r.added for r in trained)
+    return trained
+
+  def remove_added(self, messages: list[Message], added: Mapping[str, Any]) -> list[Message]:
+    """The opening without the experience template (wherever other extensions put their additions)."""
+    del added
+    return [dataclasses.replace(m, content=manager_lib.strip_experience(m.content)[0]) if m.role == "user" else m
+            for m in messages]
 
   def after_step(self, step: int, rollouts: Sequence[Rollout]) -> dict[str, Any]:
     scored = [r for r in rollouts if not r.failed]
@@ -274,7 +290,9 @@ class ExperienceManager(RLExtension):
         "retrieved_from_run": len(made_here),  # distinct memories this run committed (after its init)
         # Which memories the step retrieved: equal digests, equal retrievals (an unbroken vs a resumed run).
         "retrieved_digest": hashlib.blake2b(",".join(retrieved).encode(), digest_size=6).hexdigest(),
+        "trained_with": self._trained_with,  # samples whose experience stayed in their training tokens
     }
+    self._trained_with = 0
     self.step = step + 1
     if self.updated_freq and self.backend is not None and writer and (step + 1) % self.updated_freq == 0:
       trajectories = [strip_added_messages(r) for r in scored]

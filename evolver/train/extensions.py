@@ -8,8 +8,9 @@ the hooks of its extensions, in order, on the host (outside jit):
   engine.run(tasks, transform_openings=...)             every episode's opening, in one call (each sample of a
                                                         task separately): may change it (e.g. experience on k of a
                                                         task's n samples); the rollout records what was added
-  rollouts = ext.training_rollouts(step, rollouts, tok) what trains: by default what was added is stripped from
-                                                        the tokens (`strip_added`), which sets exp_mask
+  rollouts = ext.training_rollouts(step, rollouts, tok) what trains: by default what *this* extension added is
+                                                        stripped from the tokens (`strip_added`), which sets
+                                                        exp_mask; what others added is theirs to keep or strip
   ... advantages (`train_grpo.advantage_fn`), old/reference log-probs, HET-PPO updates ...
   metrics |= ext.after_step(step, rollouts)             with the step's rollouts (a summarizer attaches here)
 
@@ -17,6 +18,13 @@ and with every checkpoint `ext.state_files()` / `ext.load_state_files(files)` (a
 synthetic tasks): kept atomically with the train state, so a resumed run sees the same pool and tasks.
 
 `step` is the 0-based index of the RL step being taken (the metrics row of that step is logged as step + 1).
+
+Composition is explicit: an extension declares the keys of `OpeningChange.added` it writes (`added_keys`; no key
+belongs to two extensions) and strips only those. When another extension's addition stays in the same opening,
+the extension's `remove_added` takes its own addition out of the opening text; when nothing else stays, the
+rollout goes back to its base opening. So `[SyntheticTasks, ExperienceManager]` and the reverse train the same
+samples with the same text: synthetic tasks add nothing to openings, and the pool keeps or strips its experience
+per `train_sample_mode` whatever precedes it.
 """
 
 from __future__ import annotations
@@ -26,14 +34,17 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from evolver.data.trajectory import Message
 from evolver.rollout import EpisodeOpening, OpeningChange, Rollout, Task, strip_added
 
 
 class RLExtension:
   """Base class of RL-step extensions: every hook does nothing (or strips, for `training_rollouts`); a subclass
-  overrides what it needs. `name` keys its state files and prefixes its metrics."""
+  overrides what it needs. `name` keys its state files and prefixes its metrics; `added_keys` are the keys of
+  `OpeningChange.added` its `transform_openings` writes (none: it changes no opening)."""
 
   name: str = "extension"
+  added_keys: tuple[str, ...] = ()
 
   def start(self, *, model_dir: str, envs: Sequence[str], seed: int) -> None:
     """Called once before the run resumes: where the run lives (e.g. a default place for a pool), its envs, its
@@ -54,10 +65,26 @@ class RLExtension:
 
   def training_rollouts(self, step: int, rollouts: list[Rollout], tokenizer: PreTrainedTokenizerBase
                         ) -> list[Rollout]:
-    """The rollouts as they train: what was added to an opening is stripped (its tokens then train off-policy,
-    exp_mask 1). An extension that keeps additions for some samples (experience `allkeep`/`hybrid`) overrides."""
+    """The rollouts as they train: what this extension added to an opening is stripped (the sampled tokens then
+    train off-policy, exp_mask 1); other extensions' additions are left to them. An extension that keeps its
+    additions for some samples (experience `allkeep`/`hybrid`) overrides, stripping with `strip_own`."""
     del step
-    return [strip_added(r, tokenizer) if r.added else r for r in rollouts]
+    return [self.strip_own(r, tokenizer) for r in rollouts]
+
+  def strip_own(self, rollout: Rollout, tokenizer: PreTrainedTokenizerBase) -> Rollout:
+    """`rollout` without what this extension added to its opening (the rollout itself when it added nothing)."""
+    own = [key for key in self.added_keys if key in rollout.added]
+    if not own:
+      return rollout
+    return strip_added(rollout, tokenizer, keys=own, remove=self.remove_added)
+
+  def remove_added(self, messages: list[Message], added: Mapping[str, Any]) -> list[Message]:
+    """The opening `messages` without this extension's addition (`added`: its keys of the rollout's `added`).
+    Needed only when another extension's addition stays in the same opening (else the rollout's base opening is
+    used); an extension that adds to openings beside others defines it."""
+    del messages, added
+    raise NotImplementedError(f"extension {self.name!r} cannot take its addition out of an opening that keeps "
+                              "another extension's addition: define remove_added")
 
   def after_step(self, step: int, rollouts: Sequence[Rollout]) -> dict[str, Any]:
     """Called with the step's rollouts (all of them, errored ones included) after its updates; returns metrics."""
@@ -76,11 +103,23 @@ class RLExtension:
     """Releases what the extension holds (threads, files) at the end of the run."""
 
 
+def check_added_keys(extensions: Sequence[RLExtension]) -> None:
+  """Raises when two extensions declare the same `added_keys` (each key of `added` has one owner)."""
+  owner: dict[str, str] = {}
+  for ext in extensions:
+    for key in ext.added_keys:
+      if key in owner:
+        raise ValueError(f"extensions {owner[key]!r} and {ext.name!r} both declare {key!r} in added_keys: each key "
+                         "of an opening's `added` belongs to one extension")
+      owner[key] = ext.name
+
+
 def chain_openings(extensions: Sequence[RLExtension], step: int, *, validating: bool = False):
   """The engine's `transform_openings` for RL step `step`: each extension sees the openings as the previous left
-  them; what they added is merged per episode (one extension's keys must not collide with another's)."""
+  them; what they added is merged per episode, each key written by the one extension that declares it."""
   if not extensions:
     return None
+  check_added_keys(extensions)
 
   def transform(openings: list[EpisodeOpening]) -> list[OpeningChange | None]:
     current = [list(o.messages) for o in openings]
@@ -93,12 +132,21 @@ def chain_openings(extensions: Sequence[RLExtension], step: int, *, validating: 
       for i, change in enumerate(changes):
         if change is None:
           continue
-        clash = set(added[i]) & set(change.added)
-        if clash:
-          raise ValueError(f"extension {ext.name!r} records {sorted(clash)} in the opening's `added`, which another "
-                           "extension recorded already")
+        undeclared = sorted(set(change.added) - set(ext.added_keys))
+        if undeclared:
+          raise ValueError(f"extension {ext.name!r} records {undeclared} in the opening's `added` but declares "
+                           f"added_keys {tuple(ext.added_keys)}")
         current[i] = list(change.messages)
         added[i].update(change.added)
     return [OpeningChange(messages=m, added=a) if a else None for m, a in zip(current, added)]
 
   return transform
+
+
+def training_rollouts(extensions: Sequence[RLExtension], step: int, rollouts: list[Rollout],
+                      tokenizer: PreTrainedTokenizerBase) -> list[Rollout]:
+  """The step's rollouts as they train: each extension's `training_rollouts` in turn (each strips only its own
+  additions, so the order does not matter)."""
+  for ext in extensions:
+    rollouts = ext.training_rollouts(step, rollouts, tokenizer)
+  return rollouts

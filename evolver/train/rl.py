@@ -49,6 +49,7 @@ from evolver.models.decoder import Decoder
 from evolver.rl import losses
 from evolver.rollout import Rollout, RolloutBatch, RolloutConfig
 from evolver.train import advantages as advantages_lib
+from evolver.train import extensions as extensions_lib
 from evolver.train import optimizer as optimizer_lib
 from evolver.train import step as step_lib
 from evolver.train import trainer as trainer_lib
@@ -369,9 +370,8 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
     # longer than the largest bucket trains on its first buckets[-1] tokens (its later actions are not trained).
     # Dropping long episodes instead would drop most failures (they run to the turn limit) and leave groups
     # whose only members are successes, with no advantage at all.
-    kept = [t for t in rolled.trajectories if not t.failed]
-    for ext in extensions:
-      kept = ext.training_rollouts(step, kept, tokenizer)
+    kept = extensions_lib.training_rollouts(extensions, step, [t for t in rolled.trajectories if not t.failed],
+                                            tokenizer)
     row.update(rollout_metrics(rolled, kept, buckets))
     started = time.perf_counter()
     max_rows = tasks_per_step * group_size  # (a step with more rows pads them to their own power of two)

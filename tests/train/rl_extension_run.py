@@ -25,6 +25,7 @@ HINT = "\n\nHint added by the test extension."
 
 class HintExtension(RLExtension):
   name = "hints"
+  added_keys = ("hint",)
 
   def __init__(self):
     self.record = {"steps": [], "with_hint": [], "advantage_calls": 0}

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from launch import compare
-from tests.subprocess_env import test_xla_flags
+from tests.subprocess_env import subprocess_xla_flags
 
 SMALL_MODEL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelConfig.intermediate_size = 128"]
 
@@ -129,7 +129,7 @@ def test_a_retrained_run_must_reproduce_its_archived_curve(tmp_path):
 
 @pytest.mark.slow
 def test_a_tiny_sweep_trains_evaluates_and_resumes(tmp_path, monkeypatch):
-  monkeypatch.setenv("XLA_FLAGS", test_xla_flags())  # one CPU device, as users run it
+  monkeypatch.setenv("XLA_FLAGS", subprocess_xla_flags())  # one CPU device, as users run it
   root = tmp_path / "sweep"
   tiny = [f"all:{b}" for b in SMALL_MODEL] + [
       "all:TRAIN_STEPS = 2", "all:TaskSlices.val_count = 0", "bc:TaskSlices.expert_count = 8",

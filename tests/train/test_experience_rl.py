@@ -21,7 +21,11 @@ from evolver.experience import manager as manager_lib
 from evolver.experience.records import TaskMemory
 from evolver.models.tokenizer import load_tokenizer
 from evolver.rollout import EpisodeOpening, RolloutConfig, RolloutEngine, Task
+from evolver.rollout import OpeningChange
 from evolver.train import advantages, metrics as metrics_lib, rl
+from evolver.train import extensions as extensions_lib
+from evolver.train.extensions import RLExtension, chain_openings
+from evolver.train.selfq import SyntheticTasks
 from evolver.train import optimizer as optimizer_lib
 from evolver.train.experience import ExperienceManager, task_groups
 from evolver.train.trainer import KILL_DURING_SAVE_ENV, Trainer, TrainerConfig
@@ -123,6 +127,81 @@ def test_hybrid_sampling_sets_exp_mask_exactly_on_the_stripped_samples(step_roll
     np.testing.assert_array_equal(batch["exp_mask"][row], expected)
     decoded = tokenizer.decode(t.token_ids.tolist())
     assert ("<EXP>" in decoded) == kept_with_text[row]  # keep really keeps; discard really strips
+
+
+HINT = "\n\nA hint another extension added."
+
+
+class Hint(RLExtension):
+  """A second extension that adds to the same opening (even samples) and strips its hint whatever the pool does."""
+
+  name = "hint"
+  added_keys = ("hint",)
+
+  def transform_openings(self, step, openings, *, validating=False):
+    return [OpeningChange(o.messages[:-1] + [Message("user", o.messages[-1].content + HINT)], {"hint": True})
+            if o.sample % 2 == 0 else None for o in openings]
+
+  def remove_added(self, messages, added):
+    return [dataclasses.replace(m, content=m.content.replace(HINT, "")) if m.role == "user" else m for m in messages]
+
+
+@pytest.fixture(scope="module")
+def composed_rollouts(tmp_path_factory):
+  """For each list order of [Hint, ExperienceManager]: the extensions and a step's rollouts made through both
+  (4 tasks x 4 samples; experience on half of each task's samples, the hint on the even ones)."""
+  tokenizer = load_tokenizer()
+  model = tiny_model(tokenizer)
+  made = {}
+  for order in ("hint_first", "experience_first"):
+    ext = manager(tmp_path_factory.mktemp(order), train_rollout_mode="mixed", rollout_ratio=0.5, retrieve_top_k=1,
+                  min_score=-1.0, train_sample_keepratio=0.5)
+    remember(ext, *(f"Map: walls, a start S and a goal G number {i}" for i in range(5)))
+    extensions = [Hint(), ext] if order == "hint_first" else [ext, Hint()]
+    with RolloutEngine(tiny_sampler(model), tokenizer) as engine:
+      rolled = engine.run([Task("maze", i) for i in (3, 4, 5, 6)],
+                          RolloutConfig(max_new_tokens=8, max_rounds=1, temperature=1.0, num_samples=4, seed=1),
+                          transform_openings=chain_openings(extensions, 0))
+    made[order] = (extensions, ext, rolled.trajectories)
+  yield tokenizer, made
+  for _, ext, _ in made.values():
+    ext.close()
+
+
+@pytest.mark.parametrize("order", ["hint_first", "experience_first"])
+@pytest.mark.parametrize("mode", ["alldiscard", "allkeep", "hybrid"])
+def test_two_extensions_each_strip_only_what_they_added(composed_rollouts, order, mode):
+  tokenizer, made = composed_rollouts
+  extensions, ext, rollouts = made[order]
+  combos = {("hint" in r.added, "experience" in r.added) for r in rollouts}
+  assert combos == {(True, True), (True, False), (False, True), (False, False)}  # every combination is here
+  ext.train_sample_mode = mode
+  mode_of = ext.sample_modes(0, rollouts)
+  assert set(mode_of.values()) == {"alldiscard": {"discard"}, "allkeep": {"keep"},
+                                   "hybrid": {"keep", "discard"}}[mode]
+  trained = extensions_lib.training_rollouts(extensions, 0, list(rollouts), tokenizer)
+  # The loop's order of the extensions does not change what trains, and synthetic tasks (which add nothing to
+  # openings, as gin_configs/runs/agentevolver.gin composes them) change nothing either.
+  for others in (list(reversed(extensions)), [SyntheticTasks(), *extensions], [*extensions, SyntheticTasks()]):
+    again = extensions_lib.training_rollouts(others, 0, list(rollouts), tokenizer)
+    assert [list(t.token_ids) for t in again] == [list(t.token_ids) for t in trained]
+  batch = batching.batch_trajectories(trained, tokenizer, buckets=(1024, 2048))
+  kept = 0
+  for row, (r, t) in enumerate(zip(rollouts, trained)):
+    keeps_experience = "experience" in r.added and mode_of[r.group] == "keep"
+    stripped_any = "hint" in r.added or ("experience" in r.added and not keeps_experience)
+    prompt = tokenizer.decode(list(t.token_ids[:t.prompt_len]))
+    assert ("<EXP>" in prompt) == keeps_experience, (order, mode, row)  # experience: as the sample mode says
+    assert HINT.strip() not in prompt  # the hint: always stripped, by its own extension
+    assert set(t.added) == (set(ext.added_keys) if keeps_experience else set())
+    assert (t.experience.get("exp_mask") == 1) == stripped_any
+    expected = batch["loss_mask"][row] if stripped_any else np.zeros_like(batch["loss_mask"][row])
+    np.testing.assert_array_equal(batch["exp_mask"][row], expected)  # off-policy exactly where text was removed
+    np.testing.assert_array_equal(t.token_ids[t.prompt_len:], r.token_ids[r.prompt_len:])  # sampled: as sampled
+    kept += keeps_experience
+  assert ext.after_step(0, rollouts)["trained_with"] == kept
+  assert kept == (0 if mode == "alldiscard" else sum("experience" in r.added for r in rollouts
+                                                     if mode_of[r.group] == "keep"))
 
 
 def test_the_grpo_update_logs_on_and_off_policy_losses(step_rollouts, tmp_path):

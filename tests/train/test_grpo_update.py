@@ -167,8 +167,10 @@ def test_precompiled_updates_compile_nothing_and_pad_rows_without_changing_the_u
   assert step == 2
   for key in ("loss", "pg_loss", "kl_ref", "num_tokens"):
     np.testing.assert_allclose(fixed[key], plain[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  # Adam's updates (~1e-3 here) divide by the gradients' running RMS, which magnifies summation-order noise where
+  # a gradient is small: seen 2e-7 on one element of 155,648 (XLA:CPU at the tests' optimisation level 0).
   for a, b in zip(jax.tree.leaves(fixed_delta), jax.tree.leaves(plain_delta)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-8)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_update_batches_split_over_devices_and_microbatches(tmp_path):

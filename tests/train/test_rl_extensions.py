@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 class Tag(RLExtension):
   def __init__(self, name, text):
-    self.name, self.text = name, text
+    self.name, self.text, self.added_keys = name, text, (name,)
 
   def transform_openings(self, step, openings, *, validating=False):
     return [None if o.sample == 1 else
@@ -47,8 +47,12 @@ def test_openings_chain_in_order_and_keys_must_not_clash():
   assert opening[-1].content == "task"  # the engine's opening is not changed in place
   assert kept is None  # nothing added to this sample
   assert chain_openings([], step=0) is None
-  with pytest.raises(ValueError, match="records \\['a'\\]"):
+  with pytest.raises(ValueError, match="both declare 'a' in added_keys"):
     chain_openings([Tag("a", " +a"), Tag("a", " +again")], step=0)(openings)
+  undeclared = Tag("b", " +b")
+  undeclared.added_keys = ()
+  with pytest.raises(ValueError, match="records \\['b'\\] in the opening's `added` but declares added_keys"):
+    chain_openings([undeclared], step=0)(openings)
 
 
 @pytest.fixture(scope="module")
