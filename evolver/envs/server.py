@@ -416,13 +416,11 @@ class _HttpProtocol(asyncio.Protocol):
       name, _, value = line.partition(":")
       name = name.strip().lower()
       if name == "content-length":
-        try:
-          length = int(value)
-        except ValueError:
-          length = -1
-        if length < 0:
+        value = value.strip()
+        if not (value.isascii() and value.isdigit()):  # 1*DIGIT, as HTTP says; int() would take "+5" and "1_0"
           self._fail(400, "bad Content-Length")
           return False
+        length = int(value)
       elif name == "connection":
         value = value.strip().lower()
         keep_alive = value == "keep-alive" or (keep_alive and value != "close")

@@ -697,7 +697,7 @@ class ExperienceServer:
       name, _, value = line.partition(":")
       name, value = name.strip().lower(), value.strip()
       if name == "content-length":
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):  # 1*DIGIT: '²'.isdigit() is True and int('²') raises
           return await self._fail(writer, 400, "bad Content-Length")
         length = int(value)
       elif name == "connection":

@@ -224,6 +224,18 @@ def _read_until_closed(sock: socket.socket) -> bytes:
     data += chunk
 
 
+@pytest.mark.parametrize("length", [b"\xb2", b"+5", b"1_0", b"-1", b"5 5", b""])
+def test_a_malformed_content_length_gets_400_and_the_server_keeps_serving(length):
+  with ServerThread("maze", request_timeout_s=2) as server:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+      sock.sendall(b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n{}")
+      answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400") and b"bad Content-Length" in answer, answer[:80]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+      sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+      assert _read_until_closed(sock).startswith(b"HTTP/1.1 200")
+
+
 @pytest.mark.parametrize("partial", [
     b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{}",  # body shorter than Content-Length
     b"GET /health HTTP/1.1\r\nHost: x\r\n",  # headers never finished

@@ -190,6 +190,11 @@ def test_framing(tmp_path):
     assert raw_request(thread.port, b"POST /summary_task_memory HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
                        ).startswith(b"HTTP/1.1 411")
     assert raw_request(thread.port, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400")
+    for length in (b"\xb2", b"+5", b"1_0", b"-1", b"5 5", b""):  # \xb2 is '\u00b2' in latin-1: isdigit() but no int
+      answer = raw_request(thread.port, b"POST /vector_store HTTP/1.1\r\nContent-Length: " + length + b"\r\n\r\n{}")
+      assert answer.startswith(b"HTTP/1.1 400") and b"bad Content-Length" in answer, (length, answer[:80])
+    assert raw_request(thread.port, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(
+        b"HTTP/1.1 200")  # still serving
     assert raw_request(thread.port, b"POST /vector_store HTTP/1.1\r\nContent-Length: 10\r\n\r\n{}"
                        ).startswith(b"HTTP/1.1 408")
     assert raw_request(thread.port, b"GET /health HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n"
