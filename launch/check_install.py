@@ -96,7 +96,8 @@ def _extra_of(module: str) -> str | None:
 
 
 def check_imports(where: dict[str, list[str]], extras: set[str]) -> tuple[list[str], list[str]]:
-  """Imports every module in `where` (those of extras not in `extras` are skipped). Returns (failures, skipped)."""
+  """Imports every module in `where` ({module: the places that import it}); those of extras not in `extras` are
+  skipped. Returns (failures, skipped)."""
   failures, skipped = [], []
   for module in sorted(where):
     extra = _extra_of(module)
@@ -106,27 +107,16 @@ def check_imports(where: dict[str, list[str]], extras: set[str]) -> tuple[list[s
     try:
       importlib.import_module(module)
     except Exception as e:  # pylint: disable=broad-except  # any failure to import is what this reports
-      failures.append(f"import {module} failed ({type(e).__name__}: {e}); imported at {', '.join(where[module][:3])}")
+      place = f"; imported at {', '.join(where[module][:3])}" if where[module] else ""
+      failures.append(f"import {module} failed ({type(e).__name__}: {e}){place}")
   return failures, skipped
 
 
 def check_own_modules(files: Iterable[str], extras: set[str], exclude: Iterable[str] = ()) -> tuple[list[str], list[str]]:
   """Imports every module of ours but those in `exclude` (entry points, which define absl flags that clash in one
   process; their `--help` run imports them). Returns (failures, skipped)."""
-  failures, skipped, exclude = [], [], set(exclude)
-  for path in files:
-    name = module_name(path)
-    if name in exclude:
-      continue
-    extra = _extra_of(name)
-    if extra is not None and extra not in extras:
-      skipped.append(f"{name} (extra '{extra}')")
-      continue
-    try:
-      importlib.import_module(name)
-    except Exception as e:  # pylint: disable=broad-except
-      failures.append(f"import {name} failed ({type(e).__name__}: {e})")
-  return failures, skipped
+  exclude = set(exclude)
+  return check_imports({name: [] for name in map(module_name, files) if name not in exclude}, extras)
 
 
 def shipped_tokenizer_dirs(root: str = ROOT) -> list[str]:
