@@ -11,11 +11,13 @@ disadvantageous one only when it actively corrected an earlier error. A reply th
 label per step gives every step the outcome's label (GOOD iff the score is > 0), as AgentEvolver does, and is
 counted.
 
-  prompts = [judge_prompt(task_text(r), trajectory_steps(r), score) for r, score in ...]
+  steps = trajectory_steps(texts_after_opening, turns)      # [(action, observation)] per sampled turn
+  prompts = [judge_prompt(task_text, steps, score), ...]
   labels, fell_back = llm_labels(generate, prompts, num_steps, scores)
 
-`generate(prompts) -> texts` is any batched text generator: an OpenAI-compatible endpoint
-(`evolver.tasks.generate.openai_generate`) or an in-process sampler (`evolver.tasks.propose.SamplerGenerate`).
+Everything here is plain data (texts, counts, scores): `evolver.train.credit` reads the rollouts. `generate(prompts)
+-> texts` is a batched generator of `evolver.models.generate`: an OpenAI-compatible endpoint (`OpenAIGenerate`),
+another checkpoint (`CheckpointGenerate`) or the policy being trained (`LivePolicyGenerate`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import re
 from collections.abc import Callable, Sequence
 
 from evolver.envs.base import action_text
-from evolver.rollout import Rollout
 
 SCORE_THRESHOLD = 0.0  # AgentEvolver's THRESHOLD (candidate_prompt.py): a score above it is advantageous
 
@@ -49,20 +50,22 @@ _JUDGMENT = re.compile(r"Step\s+(\d+)\s+Judgment:\s*(GOOD|BAD)", re.IGNORECASE)
 _FLAG = re.compile(r"\b(GOOD|BAD)\b")
 
 
-def trajectory_steps(rollout: Rollout) -> list[tuple[str, str]]:
-  """The (action, observation) of each sampled turn of `rollout`: the action the env read from the assistant's
-  turn and the user message that answered it ("" for a last turn the env did not answer). The sampled turns
-  follow the opening (`opening_len` messages), assistant and user alternating."""
-  if not 0 < rollout.opening_len <= len(rollout.messages):
-    raise ValueError(f"{rollout.item_id}: opening_len {rollout.opening_len} does not fit its "
-                     f"{len(rollout.messages)} messages")
-  after = rollout.messages[rollout.opening_len:]
-  steps = []
-  for turn in range(rollout.turns):
-    action = action_text(after[2 * turn].content)
-    observation = after[2 * turn + 1].content if 2 * turn + 1 < len(after) else ""
-    steps.append((action, observation))
-  return steps
+def trajectory_steps(texts: Sequence[str], turns: int) -> list[tuple[str, str]]:
+  """The (action, observation) of each of `turns` sampled turns.
+
+  Args:
+    texts: the contents of an episode's messages after its opening: each sampled assistant turn, then the user
+      message that answered it (the last turn may have no answer).
+    turns: how many sampled turns the episode has.
+
+  Returns:
+    Per turn, the action the env read from the assistant's text (`action_text`) and the answer ("" for a last
+    turn the env did not answer).
+  """
+  if turns < 0 or len(texts) < 2 * turns - 1:
+    raise ValueError(f"{len(texts)} messages after the opening cannot hold {turns} sampled turns")
+  return [(action_text(texts[2 * turn]), texts[2 * turn + 1] if 2 * turn + 1 < len(texts) else "")
+          for turn in range(turns)]
 
 
 def judge_prompt(task: str, steps: Sequence[tuple[str, str]], score: float, *, max_step_chars: int = 600) -> str:

@@ -5,16 +5,26 @@ Two regimes, chosen by size at each (re)build:
     size a batch of 64 queries takes a few ms and a single query well under 1 ms, a ScaNN build would cost
     seconds, and exact search has no recall loss, so there is nothing to win. Experience pools live here.
   * ScaNN above it: a k-means tree (sqrt(n) leaves, 0.5% of them searched, at least 4,000 points' worth),
-    anisotropic asymmetric hashing (2 dims per 16-centre block) and exact float32 reordering of the best 100,
-    built with docids so that upserts and deletes are incremental. The
+    anisotropic asymmetric hashing (2 dims per 16-centre block) and exact float32 re-scoring of the best 100,
+    kept in step with the index's rows so that upserts and deletes are incremental. The
     index is rebuilt from scratch when it drifts: once the upserts and deletes since the last build exceed
     `drift_fraction` (20%) of the size it was built at (new records are hashed with the old tree and codebooks,
     which serve a changing collection less well as it grows away from them). It falls back to exact once it
     shrinks below half the threshold (hysteresis: no flapping around the threshold).
 
-The index keeps its own float32 copy of every vector (rows `[n, dim]`) for exact search and rebuilds; ScaNN holds
-another for reordering plus its codes (about 3.3 GB in all at 1M x 384). Results are deterministic given the same
-calls: equal scores are listed by row, and the tree's k-means starts from k-means++ (ScannParams).
+Each vector is held once: one float32 matrix `[capacity, dim]` (row i for `ids[i]`; capacity doubles when full, the
+old and new matrices both held while the rows are copied) and the id<->row maps. ScaNN is built over that matrix
+without a reorder stage of its own and on integer rows rather than docids, so it keeps no float32 copy and no id
+list or dict: only its tree and 4-bit AH codes (dim/4 bytes a vector). A search takes ScaNN's best `reorder`
+candidates by AH score and re-scores them exactly against the matrix (the float32 reorder ScaNN would otherwise run
+on a copy of its own: the same candidates, the same recall), on `threads` threads. `fill` adopts a caller's matrix
+without copying it (a pool's reload). Measured at 1M x 384 on 2 CPUs (`python -m launch.benchmark --suite
+retrieval`, resident growth from empty to built): 1,709 MiB, 1,792 bytes a vector of which 1,536 are the vector,
+against 3,217 MiB (3,373 bytes) when ScaNN kept its own float32 copy and docid maps; batched queries/s fell by about
+a tenth at 1M (13.3k against 15.0k; a quarter at 100k: 20.0k against 27.9k), as gathering 100 random rows a query in
+numpy costs more than ScaNN's own reorder did. ScaNN's build still holds about 2.4x the vectors on top, for its
+duration. Results are deterministic given the same calls: equal scores are listed by row, and the tree's k-means
+starts from k-means++ (ScannParams).
 `search(..., exact=True)` always answers exactly (the benchmark's ground truth and peer). Tuning and measured
 figures: `python -m launch.benchmark --suite retrieval`.
 """
@@ -25,6 +35,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -35,6 +46,7 @@ DRIFT_FRACTION = 0.2
 NORM_TOLERANCE = 1e-3
 _EXACT_CHUNK_SCORES = 1 << 24  # at most this many scores (64 MiB of float32) materialised at once
 _EXACT_QUERY_CHUNK = 1024
+_RESCORE_QUERY_CHUNK = 32  # queries whose ScaNN candidates are gathered at once ([32, 100, dim] float32: 4.7 MiB)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,17 +102,26 @@ def _top_k(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np
 
 
 def check_vectors(vectors: np.ndarray, dim: int, what: str) -> np.ndarray:
-  """`vectors` as a C-contiguous float32 `[n, dim]` array of unit rows, else ExperienceError naming the row."""
+  """`vectors` as a C-contiguous float32 `[n, dim]` array of unit rows (the same array when it already is one: no
+  copy), else ExperienceError naming the row."""
   vectors = np.asarray(vectors)
   if vectors.ndim != 2 or vectors.shape[1] != dim:
     raise ExperienceError(f"{what} must be [n, {dim}], got shape {vectors.shape}")
   vectors = np.ascontiguousarray(vectors, np.float32)
-  norms = np.linalg.norm(vectors, axis=1)
+  norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))  # no [n, dim] temporary (np.linalg.norm makes one)
   bad = np.flatnonzero(~np.isfinite(norms) | (np.abs(norms - 1.0) > NORM_TOLERANCE))
   if bad.size:
     raise ExperienceError(f"{what} must be unit-norm and finite: row {bad[0]} has norm {norms[bad[0]]:.6g} "
                           f"({bad.size} bad rows)")
   return vectors
+
+
+def _check_ids(ids: Sequence[str]) -> list[str]:
+  ids = list(ids)
+  bad = [i for i in ids if not isinstance(i, str)]
+  if bad:
+    raise ExperienceError(f"ids must be strings, got {bad[:3]!r}")
+  return ids
 
 
 class VectorIndex:
@@ -115,7 +136,7 @@ class VectorIndex:
       exact_threshold: at least this many vectors at a (re)build -> ScaNN; fewer -> exact.
       drift_fraction: rebuild when upserts + deletes since the last build exceed this fraction of its size.
       params: ScaNN's knobs (ScannParams()).
-      threads: ScaNN's training and search threads (default: all CPUs).
+      threads: ScaNN's training and search threads, and those re-scoring its candidates (default: all CPUs).
     """
     if dim < 1:
       raise ExperienceError(f"dim must be positive, got {dim}")
@@ -127,10 +148,11 @@ class VectorIndex:
     self.drift_fraction = drift_fraction
     self.params = params or ScannParams()
     self.threads = threads or os.cpu_count() or 1
-    self._vectors = np.zeros((0, dim), np.float32)
-    self._ids: list[str] = []
-    self._rows: dict[str, int] = {}
-    self._searcher = None  # a ScannSearcher, or None in the exact regime
+    self._vectors = np.zeros((0, dim), np.float32)  # [capacity, dim]: rows [0, len) hold the vectors, once
+    self._ids: list[str] = []  # row -> id
+    self._rows: dict[str, int] = {}  # id -> row
+    self._searcher = None  # ScaNN's pybind searcher over the rows (AH codes only), or None in the exact regime
+    self._rescorers: ThreadPoolExecutor | None = None  # threads re-scoring ScaNN's candidates (made on first use)
     self._built_size = 0
     self._changes = 0
     self.builds = 0  # ScaNN builds so far (drift and threshold crossings included)
@@ -164,10 +186,7 @@ class VectorIndex:
 
   def upsert(self, ids: Sequence[str], vectors: np.ndarray) -> None:
     """Inserts or replaces `vectors [len(ids), dim]` (unit-norm) under `ids`; a later duplicate id wins."""
-    ids = list(ids)
-    bad = [i for i in ids if not isinstance(i, str)]
-    if bad:
-      raise ExperienceError(f"ids must be strings, got {bad[:3]!r}")
+    ids = _check_ids(ids)
     vectors = check_vectors(vectors, self.dim, "upsert vectors")
     if len(ids) != vectors.shape[0]:
       raise ExperienceError(f"upsert: {len(ids)} ids but {vectors.shape[0]} vectors")
@@ -176,33 +195,54 @@ class VectorIndex:
     last = {memory_id: k for k, memory_id in enumerate(ids)}  # dedupe: the last occurrence wins
     if len(last) != len(ids):
       ids, vectors = list(last), vectors[list(last.values())]
-    new = [i for i in ids if i not in self._rows]
-    self._reserve(len(self._ids) + len(new))
-    for memory_id in new:
-      self._rows[memory_id] = len(self._ids)
-      self._ids.append(memory_id)
+    prior = [self._rows.get(i) for i in ids]  # ScaNN's rows to replace; None appends (in order, as here)
+    self._reserve(len(self._ids) + sum(row is None for row in prior))
+    for memory_id, row in zip(ids, prior):
+      if row is None:
+        self._rows[memory_id] = len(self._ids)
+        self._ids.append(memory_id)
     self._vectors[[self._rows[i] for i in ids]] = vectors
     if self._searcher is not None:
-      self._mutate(lambda: self._searcher.upsert(ids, vectors, batch_size=len(ids)))
+      self._mutate(lambda: self._searcher.upsert(prior, vectors, len(ids)))
     self._changes += len(ids)
     self._maybe_rebuild()
 
   def delete(self, ids: Sequence[str]) -> int:
     """Removes `ids` (absent ones are ignored). Returns how many were present."""
     present = [i for i in dict.fromkeys(ids) if i in self._rows]
+    removed = []  # each deleted row at its turn: ScaNN's delete moves its last row into each hole the same way
     for memory_id in present:  # move the last row into the hole
       row, last = self._rows.pop(memory_id), len(self._ids) - 1
+      removed.append(row)
       if row != last:
         moved = self._ids[last]
         self._ids[row] = moved
         self._rows[moved] = row
         self._vectors[row] = self._vectors[last]
       self._ids.pop()
-    if present and self._searcher is not None:
-      self._mutate(lambda: self._searcher.delete(present))
+    if removed and self._searcher is not None:
+      self._mutate(lambda: self._searcher.delete(removed))
     self._changes += len(present)
     self._maybe_rebuild()
     return len(present)
+
+  def fill(self, ids: Sequence[str], vectors: np.ndarray) -> None:
+    """Fills an empty index with `vectors [len(ids), dim]` (unit-norm) under `ids` (distinct) and builds it. A
+    C-contiguous float32 `vectors` becomes the index's own storage, not copied: the caller hands it over and must
+    not change it. How a pool reloads (a million vectors held once, not twice while the index copies them)."""
+    if len(self._ids):
+      raise ExperienceError(f"fill needs an empty index, this one holds {len(self._ids)} vectors (upsert instead)")
+    ids = _check_ids(ids)
+    vectors = check_vectors(vectors, self.dim, "fill vectors")
+    if len(ids) != vectors.shape[0]:
+      raise ExperienceError(f"fill: {len(ids)} ids but {vectors.shape[0]} vectors")
+    rows = {memory_id: row for row, memory_id in enumerate(ids)}
+    if len(rows) != len(ids):
+      twice = next(i for k, i in enumerate(ids) if rows[i] != k)
+      raise ExperienceError(f"fill: ids must be distinct, {twice!r} appears more than once")
+    self._vectors, self._ids, self._rows = vectors, ids, rows
+    self._changes += len(ids)
+    self._maybe_rebuild()
 
   def rebuild(self) -> None:
     """Rebuilds from the stored vectors: ScaNN from scratch at `exact_threshold` or more, else exact."""
@@ -215,7 +255,7 @@ class VectorIndex:
 
   def _mutate(self, change) -> None:
     """Applies `change` to the ScaNN searcher; if it fails part-way, rebuilds from the stored vectors (which
-    already hold the change) so the two never disagree, then re-raises."""
+    already hold the change) so the two never disagree on a row, then re-raises."""
     try:
       change()
     except BaseException:
@@ -231,6 +271,7 @@ class VectorIndex:
       self.rebuild()
 
   def _reserve(self, n: int) -> None:
+    """Room for `n` rows: a new matrix of at least twice the capacity, the rows in use copied (the old one freed)."""
     if n > self._vectors.shape[0]:
       grown = np.zeros((max(n, 2 * self._vectors.shape[0], 1024), self.dim), np.float32)
       grown[:len(self._ids)] = self._vectors[:len(self._ids)]
@@ -240,15 +281,16 @@ class VectorIndex:
     from scann.scann_ops.py import scann_ops_pybind  # imported here: exact-only users never load ScaNN
 
     n, p = len(self._ids), self.params
-    data = self._vectors[:n]
-    builder = (scann_ops_pybind.builder(data, 10, "dot_product")
+    # No .reorder(): ScaNN would keep a float32 copy of every vector for it; `_search_scann` re-scores on ours.
+    builder = (scann_ops_pybind.builder(self._vectors[:n], p.reorder, "dot_product")
                .tree(num_leaves=p.leaves(n), num_leaves_to_search=p.leaves_to_search(n),
                      training_sample_size=p.sample(n), random_init=not p.kmeans_plus_plus)
                .score_ah(p.dims_per_block, anisotropic_quantization_threshold=p.anisotropic_threshold,
                          training_sample_size=p.sample(n))
-               .reorder(p.reorder)
                .set_n_training_threads(self.threads))
-    searcher = builder.build(docids=list(self._ids))
+    # The pybind searcher itself, not the Python wrapper: without docids it answers with rows (no docid list and
+    # dict beside ours), and its upsert/delete take rows, None appending.
+    searcher = builder.build().searcher
     searcher.set_num_threads(self.threads)
     return searcher
 
@@ -297,19 +339,41 @@ class VectorIndex:
           scores, rows = _top_k(np.concatenate([best_scores, scores], axis=1),
                                 np.concatenate([best_rows, rows], axis=1), k)
         best_scores, best_rows = scores, rows
-      order = np.lexsort((best_rows, -best_scores), axis=1)  # score descending, then by row
-      best_rows = np.take_along_axis(best_rows, order, axis=1).tolist()
-      best_scores = np.take_along_axis(best_scores, order, axis=1).tolist()
-      for rows, row_scores in zip(best_rows, best_scores):
-        results.append([(self._ids[r], s) for r, s in zip(rows, row_scores) if s >= min_score])
+      results += self._ranked(best_scores, best_rows, min_score)
     return results
 
+  def _ranked(self, scores: np.ndarray, rows: np.ndarray, min_score: float) -> list[list[tuple[str, float]]]:
+    """`scores [q, m]` of `rows [q, m]` as `(id, score)` lists, score descending then by row, keeping scores >=
+    `min_score` (NaN, a missing candidate, never is)."""
+    order = np.lexsort((rows, -scores), axis=1)
+    rows = np.take_along_axis(rows, order, axis=1).tolist()
+    scores = np.take_along_axis(scores, order, axis=1).tolist()
+    return [[(self._ids[r], s) for r, s in zip(row_ids, row_scores) if s >= min_score]
+            for row_ids, row_scores in zip(rows, scores)]
+
   def _search_scann(self, queries: np.ndarray, k: int, min_score: float) -> list[list[tuple[str, float]]]:
+    """ScaNN's best `reorder` candidates by AH score (k <= reorder here), re-scored exactly against the stored
+    vectors in chunks of queries, the best k kept."""
+    depth = self.params.reorder
     batch = max(1, min(1024, math.ceil(queries.shape[0] / self.threads)))  # one batch per thread
-    ids, scores = self._searcher.search_batched_parallel(
-        queries, final_num_neighbors=k, pre_reorder_num_neighbors=max(self.params.reorder, k),
-        leaves_to_search=self.params.leaves_to_search(max(self._built_size, 1)), batch_size=batch)
-    scores = np.asarray(scores).tolist()
-    # ScaNN pads a short answer (fewer than k points in the leaves searched) with NaN scores: `>=` drops them.
-    return [[(i, s) for i, s in zip(row_ids, row_scores) if s >= min_score]
-            for row_ids, row_scores in zip(ids, scores)]
+    rows, approximate = self._searcher.search_batched(
+        queries, depth, depth, self.params.leaves_to_search(max(self._built_size, 1)), True, batch)
+    missing = ~np.isfinite(np.asarray(approximate))  # ScaNN pads a short answer with NaN scores
+    rows = np.where(missing, 0, np.asarray(rows, np.intp))  # and with rows that say nothing
+
+    def rescore(start: int) -> list[list[tuple[str, float]]]:
+      chunk = slice(start, start + _RESCORE_QUERY_CHUNK)
+      candidates = np.take(self._vectors, rows[chunk], axis=0)  # [chunk, depth, dim] float32
+      scores = np.einsum("qd,qcd->qc", queries[chunk], candidates)
+      scores[missing[chunk]] = np.nan  # sorted last, and `>= min_score` drops it
+      return self._ranked(*_top_k(scores, rows[chunk], k), min_score)
+
+    # Gathering random rows is bound by memory latency: threads overlap it (numpy releases the GIL there).
+    starts = range(0, queries.shape[0], _RESCORE_QUERY_CHUNK)
+    if len(starts) > 1 and self.threads > 1:
+      if self._rescorers is None:
+        self._rescorers = ThreadPoolExecutor(self.threads, thread_name_prefix="vector-index")
+      parts = self._rescorers.map(rescore, starts)
+    else:
+      parts = map(rescore, starts)
+    return [hits for part in parts for hits in part]

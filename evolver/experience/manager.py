@@ -12,8 +12,10 @@ Semantics (AgentEvolver, `agentevolver/module/exp_manager/exp_manager.py`, excep
   template        `EXPERIENCE_TEMPLATE`, appended to the end of the last initial user message (AgentEvolver puts
                   it in front; the end keeps the hint next to where generation starts); `strip_experience`
                   removes every occurrence with the template turned into a regex, as AgentEvolver does.
-  query           `task_query`: the task's own text (the first observation after reset), or the JSON of the
-                  initial messages as AgentEvolver's `EMClient.call_context_generator` sends it.
+  query           `task_query`: the task's own text (the first observation after reset). AgentEvolver's
+                  `EMClient.call_context_generator` sends the JSON of the initial messages; it is reduced to the
+                  same text (an embedding of the whole opening matches every task of an env alike: the env's rules
+                  dominate it), so evolver's manager and AgentEvolver's client retrieve alike.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import numpy as np
 EXPERIENCE_TEMPLATE = "\n\nSome Related Experience to help you to complete the task:<EXP>{}</EXP>\n\n"
 ROLLOUT_MODES = ("woexp", "all", "mixed")
 TRAIN_SAMPLE_MODES = ("alldiscard", "allkeep", "hybrid")
-QUERY_MODES = ("task", "messages")
 
 # The template as AgentEvolver's `manage_training_context` turns it into a regex.
 _EXPERIENCE_PATTERN = re.compile(re.escape(EXPERIENCE_TEMPLATE).replace(r"\{\}", "(.*?)"), re.DOTALL)
@@ -264,35 +265,22 @@ def _looks_like_messages(text: str) -> list[dict[str, str]] | None:
   return messages or None
 
 
-def task_query(messages_or_text: Any, mode: str = "task") -> str:
-  """The retrieval query for a task (and the `when_to_use` an extractive summary gets).
+def task_query(messages_or_text: Any) -> str:
+  """The retrieval query for a task (and the `when_to_use` an extractive summary gets): the task's own text, the
+  last initial user message (the first observation after reset, not the env's rules in the first message),
+  without any injected experience, stripped of outer whitespace.
 
   Args:
     messages_or_text: the episode's messages (dicts or `Message`s), a JSON string of them (what AgentEvolver's
-      EMClient sends as `query`), or the task's text.
-    mode: "task": the task's own text: the last initial user message (the first observation after reset, not
-      the env's rules in the first message), without any injected experience, stripped of outer whitespace. A
-      JSON string of a message list is reduced the same way; any other string is the text itself.
-      "messages": the JSON of the initial messages (`json.dumps(..., ensure_ascii=False)` of role/content
-      dicts), as AgentEvolver sends them; a plain string counts as one user message.
+      EMClient sends as `query`: reduced the same way), or the task's text itself.
 
   Raises:
-    ValueError: an unknown mode, or messages without a user message.
+    ValueError: messages without a user message.
   """
-  if mode not in QUERY_MODES:
-    raise ValueError(f"unknown query mode {mode!r}; use one of {QUERY_MODES}")
   if isinstance(messages_or_text, str):
     messages = _looks_like_messages(messages_or_text)
     if messages is None:
-      text = strip_experience(messages_or_text)[0].strip()
-      if mode == "task":
-        return text
-      return json.dumps([{"role": "user", "content": text}], ensure_ascii=False)
+      return strip_experience(messages_or_text)[0].strip()
   else:
     messages = as_messages(messages_or_text)
-  if mode == "task":
-    return _task_text(messages)
-  opening = [{"role": m["role"], "content": strip_experience(m["content"])[0]} for m in initial_messages(messages)]
-  if not opening:
-    raise ValueError("no initial messages to send as the query")
-  return json.dumps(opening, ensure_ascii=False)
+  return _task_text(messages)

@@ -3,10 +3,24 @@
 The store is the source of truth; the index is rebuilt from it on open (`reload`), after a rewind, and whenever
 asked (e.g. after another process wrote: `stale` says so). Embeddings are cached in the workspace's database per
 embedder name, so a reload re-embeds only texts it has not seen. Measured on 2 busy CPUs with 384-d vectors: opening
-a pool of 10,000 records (reading them, 0.1 s, the cached vectors, and building the index, which at 10,000 is a
-ScaNN build of ~1.3 s) took 1.5-1.7 s; below 10,000 records the index is exact and a reload takes about as long as
-reading the records. A cold reload (no cached vectors) first embeds every `when_to_use`, which is the embedder's
-cost (MiniLM on a CPU: tens of seconds for 10,000 texts).
+a pool of 10,000 records (the cached vectors and the index, which at 10,000 is a ScaNN build of ~1 s) took 1.2 s;
+below 10,000 records the index is exact and a reload takes about as long as reading the records. A cold reload (no
+cached vectors) first embeds every `when_to_use`, EMBED_BATCH texts a call, which is the embedder's cost (MiniLM on
+a CPU: tens of seconds for 10,000 texts; the hashing embedder at 384-d: 3 s).
+
+Memory: each vector is held once, in the index (`VectorIndex`). A reload drops the old index first, streams the
+cached vectors from SQLite straight into one matrix (`Workspace.live_embeddings`: no list of per-row arrays, no
+TaskMemory objects) and hands that matrix to the new index (`VectorIndex.fill`: no copy). Opening a pool of 100,000
+records (384-d, ScaNN), resident growth per record: 1,956 bytes after, 5,422 before (the cache rows read into a
+dict, the array made from them, the index's copy of it, ScaNN's own copy); the peak while opening, 8,037 bytes (was
+11,082), and while reloading a full pool (a rewind, a restore), 8,099 (was 14,542): what is left of it is ScaNN's
+build.
+
+Snapshots (`Workspace.snapshot`, what an RL checkpoint keeps) leave the embedding cache out. `restore` keeps the
+workspace's own cache (a cached vector is the embedding of a text, valid whatever the records), so the reload that
+follows re-embeds only the `when_to_use`s no cache holds: none when restoring in place, all of them on a machine
+whose store lacks the workspace. A snapshot of 10,000 memories (384-d hashing embedder; 12-word when_to_use, 40-word
+content, committed 500 a step): 8,249,344 bytes (7.9 MiB), against 30,593,024 (29.2 MiB) with the cache.
 
 Thread safety: one lock. A commit writes the store (one transaction) and upserts the index under it, and a
 retrieval searches and reads the store under it, so a retrieval sees a commit entirely or not at all. Embedding
@@ -23,6 +37,8 @@ import numpy as np
 from evolver.experience.index import VectorIndex, check_vectors
 from evolver.experience.records import Embedder, ExperienceError, TaskMemory
 from evolver.experience.store import ExperienceStore, Workspace
+
+EMBED_BATCH = 4096  # texts per embedder call when a reload embeds what the cache lacks
 
 
 class ExperiencePool:
@@ -86,14 +102,14 @@ class ExperiencePool:
                             f"texts; expected ({len(texts)}, {self.embedder.dim})")
     return check_vectors(vectors, self.embedder.dim, f"embeddings from {self.embedder.name!r}")
 
-  def _cached_embed(self, texts: Sequence[str]) -> np.ndarray:
-    vectors, found = self.workspace.cached_vectors(self.embedder.name, texts, self.embedder.dim)
-    missing = [k for k in range(len(texts)) if not found[k]]
-    if missing:
-      fresh = self._embed([texts[k] for k in missing])
-      vectors[missing] = fresh
-      self.workspace.cache_vectors(self.embedder.name, [texts[k] for k in missing], fresh)
-    return vectors
+  def _embed_missing(self, vectors: np.ndarray, missing: Sequence[tuple[int, str]]) -> None:
+    """Embeds the `(row, text)`s the cache lacked into `vectors [n, dim]`, and caches them, EMBED_BATCH texts a
+    call (so a cold reload never holds a second [n, dim] array)."""
+    for start in range(0, len(missing), EMBED_BATCH):
+      rows, texts = zip(*missing[start:start + EMBED_BATCH])
+      fresh = self._embed(texts)
+      vectors[list(rows)] = fresh
+      self.workspace.cache_vectors(self.embedder.name, texts, fresh)
 
   # ----------------------------------------------------------------------------------------------------------
   # Reads.
@@ -183,19 +199,28 @@ class ExperiencePool:
     return moved
 
   def restore(self, image: bytes) -> None:
-    """The workspace replaced by a `Workspace.snapshot` image (what a checkpoint kept), index rebuilt."""
+    """The workspace's records replaced by a `Workspace.snapshot` image (what a checkpoint kept), index rebuilt;
+    the `when_to_use`s the workspace's cache lacks (snapshots hold no cache) are re-embedded."""
     with self._lock:
       self.workspace.restore(image)
       self.reload()
 
   def reload(self) -> None:
-    """Rebuilds the index from the store (after a restart, a rewind or another process's writes)."""
+    """Rebuilds the index from the store (after a restart, a rewind or another process's writes): the cached
+    embeddings stream into one matrix (`Workspace.live_embeddings`), the texts the cache lacks are embedded into
+    it, and the new index takes it as its own (`VectorIndex.fill`). The old index is dropped first, so two sets of
+    vectors are never held at once; a reload that fails (say the embedder) leaves the pool empty and `stale`."""
     with self._lock:
+      self._index, self._version = self._empty_index(), -1
       version = self.workspace.content_version
-      memories = self.workspace.all()
-      vectors = self._cached_embed([m.when_to_use for m in memories])
-      index = VectorIndex(self.embedder.dim, exact_threshold=self._index.exact_threshold,
-                          drift_fraction=self._index.drift_fraction, params=self._index.params,
-                          threads=self._index.threads)
-      index.upsert([m.memory_id for m in memories], vectors)
+      ids, vectors, missing = self.workspace.live_embeddings(self.embedder.name, self.embedder.dim)
+      self._embed_missing(vectors, missing)
+      index = self._empty_index()
+      index.fill(ids, vectors)
       self._index, self._version = index, version
+
+  def _empty_index(self) -> VectorIndex:
+    """An empty index with the current one's settings."""
+    return VectorIndex(self.embedder.dim, exact_threshold=self._index.exact_threshold,
+                       drift_fraction=self._index.drift_fraction, params=self._index.params,
+                       threads=self._index.threads)

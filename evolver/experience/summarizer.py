@@ -17,8 +17,9 @@ Input trajectories are ReMe's / AgentEvolver's `{"messages": [...], "score": r}`
   ExtractiveSummarizer  deterministic, no model: `when_to_use` is the task's own text (`manager.task_query`);
                         `content` the successful actions in order, compressed; for a failure what was done last
                         and what the env answered; for a task with both, where a success and a failure diverged.
-  LLMSummarizer         ReMe's prompts through any `generate(prompts) -> texts`; unparseable output is dropped
-                        and counted, never raised. `OpenAIGenerate` calls an OpenAI-compatible endpoint.
+  LLMSummarizer         ReMe's prompts through a `generate(prompts) -> texts` (`evolver.models.generate`: an
+                        OpenAI-compatible endpoint, another checkpoint or the live policy); unparseable output is
+                        dropped and counted, never raised; a model that fails raises SummarizerUnavailable.
 
 Record metadata: task_id, env, tags, source (ids of the trajectories), kind (success | failure | comparative),
 and from the LLM confidence, step_type, tools_used; `author` is "extractive" or the model's name.
@@ -26,20 +27,20 @@ and from the LLM confidence, step_type, tools_used; `author` is "extractive" or 
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import gin
 import numpy as np
 
 from evolver.envs.base import action_text
 from evolver.experience import manager
 from evolver.experience.records import ExperienceError, TaskMemory, check_workspace_id
-from evolver.models.openai_api import APIError, OpenAIChat
+from evolver.models.generate import Generate
 
 SUCCESS_THRESHOLD = 1.0  # ReMe's TrajectoryPreprocessOp default
 DEDUP_THRESHOLD = 0.9  # ReMe's MemoryDeduplicationOp uses 0.5 with API embeddings; see `Summarizer`
@@ -684,8 +685,13 @@ def render_steps(messages: Sequence[Mapping[str, str]], max_message_chars: int =
   return "\n".join(f"{m['role']}:\n{_bounded(m['content'], max_message_chars)}\n" for m in messages)
 
 
+@gin.configurable
 class LLMSummarizer(Summarizer):
-  """ReMe's extraction and validation prompts through `generate` (a batch of prompts -> a batch of texts).
+  """ReMe's extraction and validation prompts through `generate` (a batch of prompts -> a batch of texts; gin:
+  `LLMSummarizer.generate = @summarizer/OpenAIGenerate()`, `@summarizer/CheckpointGenerate()` or
+  `@summarizer/LivePolicyGenerate()`, `evolver.models.generate`). A memory's `author` is `model`, by default the
+  adapter's `model` (the endpoint's model, the checkpoint, "live_policy"), else "llm". Any failure of `generate`
+  raises SummarizerUnavailable with its message.
 
   Per task group: one success prompt per success, one failure prompt per failure (at most `max_per_kind` of
   each), and, when scores differ, ReMe's soft comparison of the highest against the lowest scoring episode.
@@ -695,12 +701,12 @@ class LLMSummarizer(Summarizer):
   an unparseable validation at 0.5).
   """
 
-  def __init__(self, generate: Callable[[list[str]], list[str]], *, model: str = "llm", validate: bool = True,
+  def __init__(self, generate: Generate, *, model: str | None = None, validate: bool = True,
                validation_threshold: float = VALIDATION_THRESHOLD, max_per_kind: int = 2,
                max_message_chars: int = 2000, **kwargs):
     super().__init__(**kwargs)
     self.generate = generate
-    self.author = model
+    self.author = model or str(getattr(generate, "model", None) or "llm")
     self.validate = validate
     self.validation_threshold = validation_threshold
     self.max_per_kind = max_per_kind
@@ -780,39 +786,3 @@ class LLMSummarizer(Summarizer):
         memory.score = score
         kept.append(memory)
     return kept
-
-
-class OpenAIGenerate:
-  """`generate(prompts) -> texts` through an OpenAI-compatible `/chat/completions` endpoint
-  (`evolver.models.openai_api.OpenAIChat`: retries with backoff, timeouts, an optional rate limit).
-
-    generate = OpenAIGenerate("http://127.0.0.1:8000/v1", "qwen2.5-7b-instruct")
-    summarizer = LLMSummarizer(generate, model=generate.model)
-
-  Each prompt is one user message; prompts run `max_workers` at a time. A failure that outlasts the retries
-  raises `SummarizerUnavailable` with the server's message.
-  """
-
-  def __init__(self, base_url: str, model: str, api_key: str | None = None, *, temperature: float = 0.0,
-               max_tokens: int | None = 1024, timeout_s: float = 120.0, max_workers: int = 4, max_retries: int = 3,
-               backoff_s: float = 1.0, requests_per_s: float | None = None):
-    self.client = OpenAIChat(base_url, model, api_key, timeout_s=timeout_s, max_retries=max_retries,
-                             backoff_s=backoff_s, requests_per_s=requests_per_s)
-    self.url = self.client.url
-    self.model = model
-    self.temperature = temperature
-    self.max_tokens = max_tokens
-    self.max_workers = max_workers
-
-  def _one(self, prompt: str) -> str:
-    try:
-      return self.client.chat([{"role": "user", "content": prompt}], max_tokens=self.max_tokens,
-                              temperature=self.temperature).text
-    except APIError as error:
-      raise SummarizerUnavailable(str(error)) from None
-
-  def __call__(self, prompts: list[str]) -> list[str]:
-    if len(prompts) <= 1:
-      return [self._one(p) for p in prompts]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(self.max_workers, len(prompts))) as workers:
-      return list(workers.map(self._one, prompts))

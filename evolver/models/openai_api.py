@@ -1,6 +1,6 @@
 """A client for OpenAI-compatible chat endpoints (`POST {base_url}/chat/completions`): vLLM, SGLang, hosted APIs.
 
-  client = OpenAIChat("http://127.0.0.1:8000/v1", "qwen2.5-7b-instruct", api_key=os.environ.get("OPENAI_API_KEY"),
+  client = OpenAIChat("http://127.0.0.1:8000/v1", "qwen2.5-7b-instruct", api_key=api_key_from_env("OPENAI_API_KEY"),
                       requests_per_s=10)
   reply = client.chat([{"role": "user", "content": "Hi"}], max_tokens=64, temperature=0.0)
   reply.text, reply.finish_reason, reply.completion_tokens
@@ -12,6 +12,7 @@ Standard library only; one client is shared by threads. Every request waits for 
 then `APIUnavailable` is raised. Any other 4xx is not retried: `APIRequestError` (with the status and the server's
 message), or its subclass `ContextLengthExceeded` for a 400 that says the prompt does not fit the model's context.
 The API key travels only in the Authorization header; it is never part of an error message or of `stats()`.
+Configs name the environment variable that holds it (`api_key_from_env`), never the key.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import email.utils
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -98,6 +100,20 @@ def retry_after_s(value: str | None) -> float | None:
   except (TypeError, ValueError):
     return None
   return max(0.0, when.timestamp() - time.time())
+
+
+def api_key_from_env(name: str | None) -> str | None:
+  """The API key held by the environment variable `name`; None for no name (no key: a local server). Raises
+  ValueError naming the variable, never a value, when it is unset or empty."""
+  if name is None:
+    return None
+  if not isinstance(name, str) or not name:
+    raise ValueError(f"api_key_env must name an environment variable, got {name!r}")
+  key = os.environ.get(name, "")
+  if not key:
+    raise ValueError(f"the environment variable {name} (api_key_env) is unset or empty: export the endpoint's API key "
+                     f"in it, or set api_key_env = None for an endpoint that needs none")
+  return key
 
 
 class OpenAIChat:

@@ -5,6 +5,12 @@ Layout shared by every function: N trajectories (episodes) padded to K steps (tu
   step_mask `[N, K]` float32: 1 on a real step, 0 on padding (real steps are usually a prefix; any mask works).
   group `[N]` int32: dense group ids in [0, num_groups); the samples of one task share a group.
   outcome `[N]` float32: the episode's reward.
+Numbering, for this module and its callers (evolver.train.credit): steps are counted from 0. Column k of an
+`[N, K]` array is a trajectory's step k, its k-th sampled turn (the rollout's `turn_spans[k]`, `step_measures[k]`);
+the "first step" is column 0 and the "last step" the last real one. The RL update index `step` of `adca_alpha` is
+0-based too, as every advantage function receives it (`evolver.train.advantages`): the first update is step 0.
+AgentEvolver counts its updates (`global_steps`) from 1; its llm judge prompt, like evolver.credit.llm's, numbers a
+trajectory's steps from 0 (`>>> EVAL-STEP 0 <<<`, `Step 0 Judgment:`), so the judge's step n is column n.
 Outputs are `[N, K]` float32 advantages, 0 on padded steps (the caller broadcasts each step's value to that step's
 sampled tokens). `num_groups` / `num_states` and the Python flags are static under `jax.jit`; alpha, gamma, omega
 may be traced.
@@ -233,15 +239,18 @@ def adca_allocation(labels: jax.Array, step_mask: jax.Array, outcome: jax.Array,
 
 def adca_alpha(step, *, alpha: float, prm_steps: int, cosine: bool = False, total_steps: int | None = None,
                alpha_min: float = 0.0) -> jax.Array:
-  """ADCA's alpha at RL step `step`, a float32 scalar (adca_grpo_pipeline.py `apply_adca_grpo`).
+  """ADCA's alpha at RL update `step`, a float32 scalar (adca_grpo_pipeline.py `apply_adca_grpo`).
 
-  `step` counts as AgentEvolver's `global_steps` does: 1 at the first update (verl's trainer starts it at 1), so a
-  0-based loop index passes index + 1. ADCA is on while step < prm_steps (so prm_steps - 1 updates); at and after
-  prm_steps this returns 0, meaning "off": AgentEvolver then keeps the GRPO advantages (`grpo_outcome_advantages`),
-  which differ from ADCA with alpha 0 (unbiased std, eps 1e-6, a lone sample keeps A = R).
-  With cosine (alpha_cosine_decay_enable): p = clip(step / total_steps, 0, 1) (p = 0 if total_steps <= 0),
-  alpha_t = alpha_min + (alpha - alpha_min) * (1 + cos(pi p)) / 2. AgentEvolver reads total_steps from its own
-  setting (default 100, the same as prm_steps' default); here it defaults to prm_steps.
+  `step` is the 0-based index of the update (the module's numbering: the first update is step 0, as
+  `AdcaAdvantages` receives it). ADCA is on while step < prm_steps, i.e. for the prm_steps updates 0 .. prm_steps - 1;
+  at and after prm_steps this returns 0, meaning "off": the caller then keeps the GRPO advantages
+  (`grpo_outcome_advantages`), which differ from ADCA with alpha 0 (unbiased std, eps 1e-6, a lone sample keeps
+  A = R). With cosine (alpha_cosine_decay_enable): p = clip(step / total_steps, 0, 1) (p = 0 if total_steps <= 0),
+  alpha_t = alpha_min + (alpha - alpha_min) * (1 + cos(pi p)) / 2, so the first update gets the full alpha.
+  AgentEvolver applies the same formulas to its `global_steps`, which verl's trainer starts at 1: there the same
+  prm_steps covers prm_steps - 1 updates and each update's p is one update further along (1 / total_steps at the
+  first). AgentEvolver reads total_steps from its own setting (default 100, the same as prm_steps' default); here
+  it defaults to prm_steps.
   """
   step = jnp.asarray(step, jnp.float32)
   total = float(prm_steps if total_steps is None else total_steps)

@@ -14,7 +14,8 @@ the env stepped on the reply exactly as the engine steps it (`engine._observe_an
 same turn limit (`max_rounds`, capped by the env's own) and finish reasons, the same `Rollout`s and `RolloutStats`.
 What differs, because the server holds the tokens: a rollout's `token_ids`, `loss_mask` and `logprobs` are empty; a
 reply cut by `max_tokens` (finish_reason "length") is a cut turn; a prompt the server rejects as too long for its
-context ends the episode as "context" (truncated). Episodes run `max_concurrency` at a time, each on its own
+context ends the episode as "context" (truncated), or as "opening" (unscored, as the engine's) when it is the
+first turn's. Episodes run `max_concurrency` at a time, each on its own
 thread, stepping its env there.
 
 An endpoint that stays unavailable after the client's retries fails the episode (counted, the run goes on); a
@@ -141,6 +142,7 @@ class APIRolloutEngine:
         out.extend(_to_rollout(ep, config) for ep, _ in chunk)
     stats.episodes = len(out)
     stats.failed = sum(t.failed for t in out)
+    stats.opening_too_long = sum(t.finish_reason == "opening" for t in out)
     stats.total_s = time.perf_counter() - start
     return RolloutBatch(trajectories=out, stats=stats)
 
@@ -171,8 +173,11 @@ class APIRolloutEngine:
       try:
         reply = self.client.chat([m.to_dict() for m in ep.messages], max_tokens=config.max_new_tokens,
                                  temperature=config.temperature, top_p=config.top_p, stop=self.stop, seed=seed)
-      except ContextLengthExceeded:
-        ep.end("context")
+      except ContextLengthExceeded as error:
+        if ep.turns:
+          ep.end("context")
+        else:
+          ep.end("opening", f"the endpoint has no room for the opening: {error}")
         return
       except APIRequestError:
         abort.set()

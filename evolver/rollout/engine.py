@@ -42,7 +42,10 @@ Decisions worth knowing:
   is then fed as a given token (loss_mask 0) so the history stays the template's. `cut_turn="end"` ends the
   episode there instead, marked truncated, without stepping the env.
 - The context limit is checked before each turn: when the history, the new tokens and a full
-  `max_new_tokens` turn would not fit in `max_context_tokens`, the episode ends, marked truncated.
+  `max_new_tokens` turn would not fit in `max_context_tokens`, the episode ends, marked truncated. An episode
+  whose opening alone leaves no room for its first turn (e.g. too much experience added to it) never started:
+  it ends as "opening", counted as failed (left out of scores, groups and rates) and in `opening_too_long`, not
+  scored as a failure of the policy.
 - The cache holds exactly each row's tokens (no padding), so `max_context_tokens` may be as large as the
   sampler's `max_length`.
 
@@ -95,7 +98,8 @@ from evolver.models.decoder import Decoder
 from evolver.models.sampler import Sampler, SamplerStats, SamplingParams, fold_in_rows
 from evolver.rollout import turns as turns_lib
 
-FINISH_REASONS = ("done", "max_rounds", "context", "cut_turn", "error")
+FINISH_REASONS = ("done", "max_rounds", "context", "cut_turn", "error", "opening")
+UNSCORED_REASONS = ("error", "opening")  # an env error; an opening with no room for a first turn
 SCHEDULES = ("continuous", "turns")
 # The continuous schedule collects finished turns once this share of the rows in play has finished (at least
 # one): more often means more, smaller prefills and env batches; less often, finished rows idling longer. On 32
@@ -258,6 +262,7 @@ class RolloutStats:
 
   episodes: int = 0
   failed: int = 0
+  opening_too_long: int = 0  # of the failed: openings that left no room for a first turn (finish_reason "opening")
   generate_calls: int = 0
   rows_generated: int = 0    # live rows summed over generate calls
   select_calls: int = 0      # times finished rows left the batch
@@ -569,6 +574,7 @@ class RolloutEngine:
       out.extend(_to_rollout(ep, config) for ep in chunk)
     stats.episodes = len(out)
     stats.failed = sum(t.failed for t in out)
+    stats.opening_too_long = sum(t.finish_reason == "opening" for t in out)
     stats.add_sampler_stats(self.sampler.stats.minus(sampler_before))
     if own is not None:  # every process gets every trajectory, in the order one process would give them
       parts = distributed.allgather_objects((out, stats))
@@ -707,7 +713,8 @@ class RolloutEngine:
       ep.prompt_len = len(prompt)
       ep.next_tokens = prompt
       if len(prompt) + config.max_new_tokens > limit:
-        ep.end("context")
+        ep.end("opening", f"the opening ({len(prompt)} tokens) leaves no room for a {config.max_new_tokens}-token "
+                          f"turn in the context ({limit} tokens)")
     stats.template_s += time.perf_counter() - t0
 
   @staticmethod
@@ -952,7 +959,7 @@ def _to_rollout(ep: _Episode, config: RolloutConfig) -> Rollout:
   return Rollout(
       item_id=task.item_id, messages=ep.messages, env=task.env, task_index=task.index,
       split=task.split, env_version=ep.env_version, reward=ep.reward, success=ep.success,
-      failed=ep.finish_reason == "error", error=ep.error,
+      failed=ep.finish_reason in UNSCORED_REASONS, error=ep.error,
       task_spec=task.spec.to_json() if task.spec is not None else None,
       token_ids=np.asarray(ep.tokens, np.int32), loss_mask=np.asarray(ep.mask, np.float32),
       logprobs=np.asarray(ep.logprobs, np.float32), group=ep.group, sample=ep.sample, turns=ep.turns,

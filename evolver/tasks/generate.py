@@ -16,7 +16,8 @@ an evolver checkpoint, `INIT_CHECKPOINT`, or a transformers one, `HF_CHECKPOINT`
 `evolver.train` and does not import it, so the loader is an argument, `load_policy(init_checkpoint=...,
 hf_checkpoint=...) -> Decoder`, that selfq.gin binds to `@init_policy` (gin resolves it by name when
 launch.train has registered the training code). The LLM proposer's `generate(prompts) -> texts` is an argument
-too: `@openai_generate()` (an OpenAI-compatible endpoint) or `@policy_generate()` (the in-process policy).
+too, an adapter of `evolver.models.generate`: `@OpenAIGenerate()` (an OpenAI-compatible endpoint) or
+`@CheckpointGenerate()` (a saved policy, sampled in process; `CheckpointGenerate.load_policy = @init_policy`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 
 from evolver import envs as envs_lib
 from evolver import paths
-from evolver.experience.summarizer import OpenAIGenerate
+from evolver.models.generate import Generate
 from evolver.models.tokenizer import load_tokenizer
 from evolver.tasks import explore as explore_lib
 from evolver.tasks import filters as filters_lib
@@ -67,23 +68,6 @@ def choose_worlds(env_factory: Callable[[str], Any], envs: Sequence[str], start:
 
 
 @gin.configurable
-def openai_generate(*, base_url: str = gin.REQUIRED, model: str = gin.REQUIRED, api_key: str | None = None,
-                    temperature: float = 0.7, max_tokens: int = 1024) -> OpenAIGenerate:
-  """The LLM proposer's `generate` through an OpenAI-compatible endpoint."""
-  return OpenAIGenerate(base_url, model, api_key, temperature=temperature, max_tokens=max_tokens)
-
-
-@gin.configurable
-def policy_generate(*, load_policy: Callable[..., Any] = gin.REQUIRED, init_checkpoint: str | None = None,
-                    hf_checkpoint: str | None = None, tokenizer_path: str | None = None, max_new_tokens: int = 512,
-                    temperature: float = 0.7, batch_size: int = 16, seed: int = 0) -> propose_lib.SamplerGenerate:
-  """The LLM proposer's `generate` with an in-process policy (`load_policy` as in `generate_tasks`)."""
-  model = load_policy(init_checkpoint=init_checkpoint, hf_checkpoint=hf_checkpoint)
-  return propose_lib.SamplerGenerate(model, load_tokenizer(tokenizer_path), max_new_tokens=max_new_tokens,
-                                     temperature=temperature, batch_size=batch_size, seed=seed)
-
-
-@gin.configurable
 def generate_tasks(*, model_dir: str = gin.REQUIRED, envs: Sequence[str] = ENVS, world_start: int = 80,
                    world_count: int = 320, worlds_per_env: int = 16, episodes_per_world: int = 2,
                    max_steps: int | None = None, explorer: str = "random", proposer: str = "hindsight",
@@ -94,7 +78,7 @@ def generate_tasks(*, model_dir: str = gin.REQUIRED, envs: Sequence[str] = ENVS,
                    load_policy: Callable[..., Any] | None = None, init_checkpoint: str | None = None,
                    hf_checkpoint: str | None = None, tokenizer_path: str | None = None, temperature: float = 1.0,
                    top_p: float = 1.0, max_new_tokens: int = 96, batch_size: int = 64,
-                   llm: Callable[[list[str]], list[str]] | None = None,
+                   llm: Generate | None = None,
                    env_factory: Callable[[str], Any] = envs_lib.make, progress: bool = True) -> dict[str, Any]:
   """Explores, proposes, filters and saves a synthetic task set (module docstring). Returns the stats written to
   MODEL_DIR/generate_stats.json.
@@ -115,7 +99,8 @@ def generate_tasks(*, model_dir: str = gin.REQUIRED, envs: Sequence[str] = ENVS,
     init_checkpoint, hf_checkpoint: the policy explorer's policy (one of them).
     tokenizer_path: its tokenizer (None: the shipped tiny one).
     temperature, top_p, max_new_tokens, batch_size: the policy explorer's sampling and batch.
-    llm: the LLM proposer's `generate(prompts) -> texts` (`@openai_generate()`, `@policy_generate()`).
+    llm: the LLM proposer's `generate(prompts) -> texts` (`evolver.models.generate`: `@OpenAIGenerate()`,
+      `@CheckpointGenerate()`).
     env_factory: env name -> a fresh env (tests give fakes).
     progress: progress bars.
   """
@@ -125,7 +110,7 @@ def generate_tasks(*, model_dir: str = gin.REQUIRED, envs: Sequence[str] = ENVS,
     raise ValueError(f"unknown proposer {proposer!r}; use one of {list(propose_lib.PROPOSERS)}")
   if proposer == "llm" and llm is None:
     raise ValueError("the llm proposer needs `llm`, a generate(prompts) -> texts callable: bind "
-                     "generate_tasks.llm = @openai_generate() or @policy_generate()")
+                     "generate_tasks.llm = @OpenAIGenerate() or @CheckpointGenerate() (evolver.models.generate)")
   if explorer == "policy":
     if load_policy is None:
       raise ValueError("the policy explorer needs `load_policy`: bind generate_tasks.load_policy = @init_policy "

@@ -15,7 +15,7 @@
              nothing (`reaches_nothing`).
 
 `generate(prompts) -> texts` is any batched LLM call: the in-process sampler wrapped, or
-`evolver.experience.summarizer.OpenAIGenerate` for an OpenAI-compatible endpoint.
+`evolver.models.generate.OpenAIGenerate` for an OpenAI-compatible endpoint.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ padded `[N, K]` step arrays (`evolver.rl.step_credit`); this file only lays the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import gin
@@ -28,9 +28,9 @@ import numpy as np
 from evolver.credit import judges as judges_lib
 from evolver.credit import llm as llm_lib
 from evolver.experience.manager import task_query
+from evolver.models.generate import Generate
 from evolver.rl import step_credit
 from evolver.rollout import Rollout
-from evolver.tasks import generate as _generate  # noqa: F401  (gin: the llm judge's @openai_generate, @policy_generate)
 from evolver.train.advantages import TurnCredit, episode_advantages
 
 JUDGES = ("oracle", "env", "llm")
@@ -109,7 +109,7 @@ def judge_scores(outcome: np.ndarray) -> np.ndarray:
 
 
 def judge_steps(rollouts: Sequence[Rollout], judge: str, scores: np.ndarray, *,
-                generate: Callable[[list[str]], list[str]] | None = None) -> tuple[list[np.ndarray], int]:
+                generate: Generate | None = None) -> tuple[list[np.ndarray], int]:
   """Each rollout's step labels `[turns]` bool (True = GOOD) by `judge`, and how many steps fell back to the
   outcome's label (GOOD iff the rollout's overall score `scores[i]` > 0, as AgentEvolver falls back)."""
   if judge not in JUDGES:
@@ -118,8 +118,10 @@ def judge_steps(rollouts: Sequence[Rollout], judge: str, scores: np.ndarray, *,
     return [], 0
   if judge == "llm":
     if generate is None:
-      raise ValueError("the llm judge needs a `generate` (e.g. AdcaAdvantages.generate = @judge/openai_generate())")
-    prompts = [llm_lib.judge_prompt(task_query(r.messages[:r.opening_len]), llm_lib.trajectory_steps(r), float(s))
+      raise ValueError("the llm judge needs a `generate` (e.g. AdcaAdvantages.generate = @judge/OpenAIGenerate())")
+    prompts = [llm_lib.judge_prompt(task_query(r.messages[:r.opening_len]),
+                                    llm_lib.trajectory_steps([m.content for m in r.messages[r.opening_len:]], r.turns),
+                                    float(s))
                for r, s in zip(rollouts, scores)]
     labels, fell_back = llm_lib.llm_labels(generate, prompts, [r.turns for r in rollouts], [float(s) for s in scores])
     return [np.asarray(parsed, bool) for parsed in labels], sum(r.turns for r, f in zip(rollouts, fell_back) if f)
@@ -155,28 +157,37 @@ class AdcaAdvantages:
   Per step: the outcome's GRPO advantage; the trajectories a skip rule skips get no judge call and the outcome's
   label on every step (semantic_attribution.py `evaluate_step_flags_parallel`); the others are judged; then the
   scheme's step rewards, combined with the group-z-scored outcome and summed from each step to the end
-  (`evolver.rl.step_credit`). Defaults are AgentEvolver's (config/agentevolver.yaml `adca_grpo`).
+  (`evolver.rl.step_credit`). Steps, of a trajectory and of training, are numbered from 0 (the numbering is
+  stated in `evolver.rl.step_credit`'s docstring). Defaults are those of AgentEvolver's config/agentevolver.yaml
+  `adca_grpo` except `skip_type` (below).
 
   Args:
     judge: "oracle" (the env's optimal cost to go shrinks, or its progress rises where the cost is flat), "env"
       (the env's own progress rises) or "llm" (`evolver.credit.llm`, through `generate`).
     scheme: "decouple" or "allocation".
-    prm_steps: RL steps that use step credit (0-based step index < prm_steps); later steps use GRPO's outcome
-      advantage. AgentEvolver counts steps from 1 and tests `global_steps < prm_steps`, so its prm_steps = P
-      covers P - 1 updates; here P covers P.
-    alpha: the step rewards' weight; `cosine` decays it to `alpha_min` over `prm_steps` (p = step / prm_steps).
+    prm_steps: RL updates that use step credit: `step` (the 0-based update index `__call__` receives, passed
+      unchanged to `step_credit.adca_alpha`) < prm_steps, i.e. updates 0 .. prm_steps - 1; later updates use
+      GRPO's outcome advantage. AgentEvolver counts updates from 1 and tests `global_steps < prm_steps`, so its
+      prm_steps = P covers P - 1 updates; here P covers P.
+    alpha: the step rewards' weight; `cosine` decays it to `alpha_min` over `prm_steps` (p = step / prm_steps: the
+      full alpha at update 0).
     fix_base: `decouple`'s step reward magnitude (+fix_base GOOD, -fix_base BAD).
     outcome_on_all_steps: add the outcome on every step instead of the last (orm_distribution "all_steps").
     sqrt_k: scale each trajectory's rewards by 1/sqrt(K), K its steps (enable_length_normalization).
     skip_type: None, "skip_small_adv" (|GRPO advantage| < 1e-8: e.g. a group whose outcomes are all equal) or
-      "skip_all_neg" (R <= 0).
-    generate: the llm judge's batched text generator.
+      "skip_all_neg" (R <= 0). The default "skip_small_adv" is not what AgentEvolver's config/agentevolver.yaml
+      sets (`adca_grpo.skip_type: "none"`, i.e. None here); it is the fallback of its code when the key is absent
+      (adca_grpo_pipeline.py, `getattr(prm_cfg, 'skip_type', "skip_small_adv")`) and the setting its
+      docs/guidelines/adv_processor.md recommends. Pass None for the yaml's behaviour (every trajectory judged).
+    generate: the llm judge's batched text generator (`evolver.models.generate`: `@judge/OpenAIGenerate()`, an
+      endpoint; `@judge/CheckpointGenerate()`, another checkpoint; `@judge/LivePolicyGenerate()`, the policy being
+      trained).
   """
 
   def __init__(self, *, judge: str = "oracle", scheme: str = "decouple", prm_steps: int = 100, alpha: float = 0.1,
                cosine: bool = False, alpha_min: float = 0.0, fix_base: float = 0.2,
                outcome_on_all_steps: bool = False, sqrt_k: bool = False, skip_type: str | None = "skip_small_adv",
-               generate: Callable[[list[str]], list[str]] | None = None, eps: float = 1e-6):
+               generate: Generate | None = None, eps: float = 1e-6):
     if judge not in JUDGES:
       raise ValueError(f"unknown step judge {judge!r}; use one of {JUDGES}")
     if scheme not in SCHEMES:
@@ -184,7 +195,7 @@ class AdcaAdvantages:
     if skip_type not in SKIP_TYPES:
       raise ValueError(f"unknown skip_type {skip_type!r}; use one of {SKIP_TYPES}")
     if judge == "llm" and generate is None:
-      raise ValueError("the llm judge needs a `generate` (e.g. AdcaAdvantages.generate = @judge/openai_generate())")
+      raise ValueError("the llm judge needs a `generate` (e.g. AdcaAdvantages.generate = @judge/OpenAIGenerate())")
     self.judge, self.scheme, self.prm_steps, self.alpha, self.cosine = judge, scheme, prm_steps, alpha, cosine
     self.alpha_min, self.fix_base, self.outcome_on_all_steps = alpha_min, fix_base, outcome_on_all_steps
     self.sqrt_k, self.skip_type, self.generate, self.eps = sqrt_k, skip_type, generate, eps
@@ -226,10 +237,12 @@ class AdcaAdvantages:
       values = _allocation(*args, num_groups=layout.num_groups, alpha=alpha,
                            outcome_on_all_steps=self.outcome_on_all_steps)
     real = layout.step_mask > 0
-    metrics = {"adca_active": 1.0, "adca_alpha": float(alpha), "judge_s": judge_s,
+    metrics = {"adca_active": 1.0, "adca_alpha": float(alpha), "time/judge_s": judge_s,
                "good_fraction": float(good[real].mean()), "skipped_fraction": float(skipped.mean()),
                "judged_steps": float(sum(rollouts[i].turns for i in judged)),
-               "judge_fallbacks": float(fallbacks)}
+               "judge_fallbacks": float(fallbacks),
+               # Steps whose advantage differs from the episode's outcome advantage (GRPO's, on every step).
+               "changed_steps": float(np.sum((np.abs(np.asarray(values) - outcome_adv[:, None]) > 1e-6) & real))}
     return TurnCredit(unpad_steps(values, rollouts), metrics)
 
 

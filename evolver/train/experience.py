@@ -7,17 +7,29 @@ Per RL step (DESIGN 3.6; the allocation, template and strip functions are `evolv
 - openings (`transform_openings`, one batched retrieval per step): of each task's n samples, `train_rollout_mode`
   picks which get experience (woexp: none; all: every one; mixed: round(n * rollout_ratio), randomly placed);
   each of those retrieves the top `retrieve_top_k` memories for the task's own text (its first observation) and
-  gets them appended, in the experience template, to its last initial user message. Val and held-out episodes
-  follow `val_rollout_mode` (woexp recommended).
+  gets them appended, in the experience template, to its last initial user message. The query is always the
+  task's text: AgentEvolver sends the JSON of the whole opening, which the service reduces to the same text
+  (`manager.task_query`), since an embedding of the opening matches every task of an env alike (the rules
+  dominate it). The injected text has a budget of `max_experience_tokens` (the policy's tokens): memories past it
+  are dropped, worst first, and a first memory longer than the budget is cut; what is cut is counted
+  (`cut_memories`, `cut_tokens`). Val and held-out episodes follow `val_rollout_mode` (woexp recommended).
 - training samples (`training_rollouts`): of the step's tasks, `train_sample_mode` picks which keep the
   experience text (allkeep: all; alldiscard: none; hybrid: int(num_tasks * train_sample_keepratio), shuffled);
   the others' experience is stripped from the tokens (`strip_added`), and their sampled tokens train off-policy
   (exp_mask 1: HET-PPO's `off_clip_high`).
-- after the step (`after_step`): every `updated_freq` steps the step's scored rollouts (their experience
-  stripped from the messages) go to a background summarizer, which distils them into memories and commits them
-  with the step, between train steps: a retrieval sees the pool before a commit or after it, never half;
-  `blocking` waits for it at the step's end, as AgentEvolver can. Memories retrieved for a successful episode earn
-  utility.
+- before the update (`before_update`, once the step's rollouts are scored): the counters of the memories the
+  step's training episodes ran with are bumped, then, every `updated_freq` steps, the step's scored rollouts
+  (their experience stripped from the messages) go to the summarizer (`summarizer`, gin: extractive by default, or
+  an LLM one), which distils them into memories and commits them stamped with the step. It runs during the update
+  (AgentEvolver's order) and `after_step` waits for it, so the next step retrieves from a pool that is a function
+  of the seed, never of timing. `blocking` summarizes before the update instead (no overlap: the same pool, the
+  update waits).
+- freq and utility (one definition, in-process and through the service alike: `ExperienceBackend.record`):
+  a memory's `freq` counts the scored training episodes whose opening carried it, its `utility` those of them that
+  succeeded (so utility / freq is the success rate of the episodes it was given to, what ReMe's deletion rule
+  reads). Val and held-out episodes count nothing. Every change made while taking RL step s (0-based) is stamped
+  with the store's step base + s + 1, the step the checkpoint after it is named by, so a run resumed from the
+  checkpoint of step t undoes exactly the changes stamped after t.
 - checkpoints (`state_files`): the step the pool was at (after waiting for summaries in flight) and a snapshot of
   the workspace's database (`Workspace.snapshot`). A run resumed from step t rewinds the pool to step t: the
   memories this run committed after t are set aside (kept, not retrieved), deletions and retrieval counts after t
@@ -30,9 +42,13 @@ Per RL step (DESIGN 3.6; the allocation, template and strip functions are `evolv
   must then be local: with MODEL_DIR on an object store, give `store_dir`); everything else goes through the path
   layer (`evolver.paths`).
 - multi-host (`evolver.distributed`): the processes share one pool through an experience service
-  (`service_url`, required there). Every host retrieves for its own episodes; process 0 alone records utility
-  and submits summaries, and waits for the step's summary at the step's end, after which every host passes a
-  barrier: each step's retrievals, on every host, see the same pool.
+  (`service_url`, required there; `service_token_env` names the environment variable holding its bearer token
+  when it has one). Every host retrieves for its own episodes; process 0 alone initialises the pool, records
+  freq/utility and submits summaries, and waits for the step's summary at the step's end, after which every host
+  passes a barrier: each step's retrievals, on every host, see the same pool.
+- a library to start from (`init_from` a JSONL file): the in-process pool reads it from this machine; a service
+  reads it from its own library directory (`launch.serve_experience --library_dir`, default `<store>/libraries`),
+  so the file is copied there on the service's host and `init_from` is its path relative to that directory.
 Lifecycle (the seed's table; `gin_configs/experience/`): no pool; init only (`init_experience_pool`: build the
 pool, train nothing); init + train (`init_from`, updated_freq 0); init + train + update (updated_freq k); exist +
 train (an existing `workspace_id` in `store_dir`, `require_existing`); exist + train + update.
@@ -70,10 +86,13 @@ RUN_FILE = "experience_run.json"
 
 
 def task_groups(openings: Sequence[EpisodeOpening]) -> list[list[int]]:
-  """The positions of each task's samples: the engine gives a task's samples together, sample 0 first."""
+  """The positions of each task's samples. The engine gives a task's samples together in sample order, but an
+  episode whose env failed to reset has no opening: a group starts wherever the task changes or the sample index
+  does not grow, so a missing sample 0 never merges two tasks (nor two draws of one task)."""
   groups: list[list[int]] = []
   for position, opening in enumerate(openings):
-    if opening.sample == 0 or not groups:
+    previous = openings[position - 1] if position else None
+    if previous is None or opening.task != previous.task or opening.sample <= previous.sample:
       groups.append([])
     groups[-1].append(position)
   return groups
@@ -89,19 +108,25 @@ class ExperienceManager(RLExtension):
   def __init__(self, *, workspace_id: str = "default", train_rollout_mode: str = "woexp",
                val_rollout_mode: str = "woexp", rollout_ratio: float = 0.0, train_sample_mode: str = "alldiscard",
                train_sample_keepratio: float = 1.0, updated_freq: int = 0, blocking: bool = False,
-               retrieve_top_k: int = 3, min_score: float = 0.0, query_mode: str = "task",
-               embedder: str = "hashing", store_dir: str | None = None, init_from: str | None = None,
-               require_existing: bool = False, service_url: str | None = None, seed: int = 0):
+               retrieve_top_k: int = 3, min_score: float = 0.0, max_experience_tokens: int | None = 512,
+               embedder: str = "hashing", summarizer: summarizer_lib.Summarizer | None = None,
+               store_dir: str | None = None, init_from: str | None = None, require_existing: bool = False,
+               service_url: str | None = None, service_token_env: str | None = None, log_pool_digest: bool = False,
+               seed: int = 0):
     """
     Args:
       workspace_id: the pool (a workspace of `store_dir`): an existing one is used as it is (exist modes).
       train_rollout_mode, val_rollout_mode, rollout_ratio: which rollouts get experience (module docstring).
       train_sample_mode, train_sample_keepratio: which tasks' samples keep it when they train.
       updated_freq: summarize the step's rollouts into the pool every this many steps (0: never).
-      blocking: wait for each summary at the end of its step (else it lands before a later step).
+      blocking: summarize before the update rather than during it (the pool is the same either way).
       retrieve_top_k, min_score: memories per retrieval and the least cosine a hit needs.
-      query_mode: "task" (the task's own text) or "messages" (the JSON of the opening, as AgentEvolver sends).
+      max_experience_tokens: the most tokens of the policy's tokenizer the injected text may take (None: no
+        budget); what is cut is counted in the metrics.
       embedder: `evolver.experience.embedders.make_embedder`'s name ("hashing", "minilm").
+      summarizer: what distils rollouts into memories (`evolver.experience.summarizer`: `ExtractiveSummarizer()`
+        by default; `LLMSummarizer(generate=...)` with an endpoint, another checkpoint or the live policy). With
+        a service, the service's own summarizer runs instead.
       store_dir: where the pools live, a local directory (default MODEL_DIR/experience).
       init_from: fill an empty pool before training: "expert" (the expert slice's trajectories, summarized),
         "taskset:PATH" (a self-questioned task set's ground truths, replayed and summarized) or a path to a ReMe
@@ -110,43 +135,57 @@ class ExperienceManager(RLExtension):
       service_url: use a running experience service (`launch.serve_experience`, ReMe 0.2's API) instead of the
         in-process pool; the same calls go through `ExperienceBackend`. A resumed run cannot rewind a service's
         pool (it says so), so exact resumption needs the in-process pool.
+      service_token_env: the name of the environment variable that holds the service's bearer token (the token
+        itself never goes into a config).
+      log_pool_digest: log `pool_digest`, a digest of every live memory (id, content, freq, utility, committed
+        step) after each step: equal digests, equal pools (reads the whole pool: for tests and audits).
     """
     manager_lib.allocate_rollout_exp(1, train_rollout_mode, rollout_ratio, np.random.default_rng(0))  # validates
     manager_lib.allocate_rollout_exp(1, val_rollout_mode, rollout_ratio, np.random.default_rng(0))
     manager_lib.allocate_train_modes(1, train_sample_mode, train_sample_keepratio, np.random.default_rng(0))
-    if query_mode not in ("task", "messages"):
-      raise ValueError(f"query_mode must be 'task' or 'messages', got {query_mode!r}")
     if updated_freq < 0 or retrieve_top_k < 1:
       raise ValueError(f"updated_freq ({updated_freq}) must be >= 0 and retrieve_top_k ({retrieve_top_k}) >= 1")
+    if max_experience_tokens is not None and max_experience_tokens < 1:
+      raise ValueError(f"max_experience_tokens must be >= 1 or None, got {max_experience_tokens}")
     self.workspace_id = workspace_id
     self.train_rollout_mode, self.val_rollout_mode = train_rollout_mode, val_rollout_mode
     self.rollout_ratio = rollout_ratio
     self.train_sample_mode, self.train_sample_keepratio = train_sample_mode, train_sample_keepratio
     self.updated_freq, self.blocking = updated_freq, blocking
-    self.retrieve_top_k, self.min_score, self.query_mode = retrieve_top_k, min_score, query_mode
+    self.retrieve_top_k, self.min_score = retrieve_top_k, min_score
+    self.max_experience_tokens = max_experience_tokens
     self.embedder_name, self.store_dir, self.init_from = embedder, store_dir, init_from
-    self.require_existing, self.service_url, self.seed = require_existing, service_url, seed
+    self.require_existing, self.seed = require_existing, seed
+    self.service_url, self.service_token_env = service_url, service_token_env
+    self.log_pool_digest = log_pool_digest
+    self.tokenizer: PreTrainedTokenizerBase | None = None  # the policy's: counts the experience budget
     self.pool: ExperiencePool | None = None  # the in-process pool (None with a service)
     self.backend: ExperienceBackend | None = None
     self.base = 0  # the store's step of this run's step 0 (module docstring)
     self.new_workspace = False  # the store lacked the workspace when the run started: a resume restores it
     self.step = 0  # the last logged step whose summary was submitted
-    self._summarizer = summarizer_lib.ExtractiveSummarizer()
+    self._summarizer = summarizer if summarizer is not None else summarizer_lib.ExtractiveSummarizer()
     self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="summarizer")
     self._pending: list[concurrent.futures.Future] = []
     self._trained_with = 0  # the last step's samples whose experience stayed in their training tokens
+    self._cut = {"cut_memories": 0, "cut_tokens": 0}  # what the budget cut from the step's training openings
 
   # -- set-up ------------------------------------------------------------------------------------------------
 
-  def start(self, *, model_dir: paths.PathLike, envs: Sequence[str], seed: int) -> None:
-    self.seed = seed
+  def start(self, *, model_dir: paths.PathLike, envs: Sequence[str], seed: int,
+            tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+    self.seed, self.tokenizer = seed, tokenizer
+    if self.max_experience_tokens is not None and tokenizer is None:
+      from evolver.models import tokenizer as tokenizer_lib
+      self.tokenizer = tokenizer_lib.load_tokenizer()  # (a run passes its own; the default one otherwise)
     model_dir = paths.as_path(model_dir)
     if distributed.process_count() > 1 and not self.service_url:
       raise ValueError("a multi-process run shares one experience pool through a service: start `python -m "
                        "launch.serve_experience --store DIR --host 0.0.0.0 --port P` where every host reaches it and "
-                       "set ExperienceManager.service_url (every host retrieves from it; process 0 alone writes)")
+                       "set ExperienceManager.service_url (the real configs: the macro EXPERIENCE_SERVICE) to its "
+                       "URL (every host retrieves from it; process 0 alone writes)")
     if self.service_url:
-      self.backend = ExperienceClient(self.service_url, self.workspace_id)
+      self.backend = ExperienceClient(self.service_url, self.workspace_id, token_env=self.service_token_env)
       self.backend.health()  # fails now, with the URL, rather than at the first step
     else:
       store_dir = paths.local_dir(self.store_dir or model_dir / "experience",
@@ -160,14 +199,14 @@ class ExperienceManager(RLExtension):
                                  min_score=self.min_score)
       self.backend = LocalBackend(self.pool, self._summarizer)
       self.base = self._run_base(model_dir / RUN_FILE)
-    if self.init_from and self.size == 0:
+    if self.init_from and distributed.is_primary() and self.size == 0:
       self._initialise(envs)
     distributed.barrier("experience pool ready")
 
   @property
   def size(self) -> int:
-    """Memories in the pool (-1 when a service holds it: not asked, to keep steps cheap)."""
-    return self.pool.size if self.pool is not None else -1
+    """Memories in the pool (asked of the service when one holds it)."""
+    return self.pool.size if self.pool is not None else self.backend.count()
 
   def _run_base(self, path: paths.PathLike) -> int:
     """The store's step of this run's step 0: read back on a restart, else the workspace's highest step now."""
@@ -205,16 +244,17 @@ class ExperienceManager(RLExtension):
       result = self.backend.summarize(trajectories, step=self.base)
       print(f"[experience] initialised {self.workspace_id!r} from {len(trajectories)} synthetic tasks' ground "
             f"truths: {len(result.memories)} memories", flush=True)
+    elif self.pool is None:  # the service reads the library from its own library directory
+      count = self.backend.load_library(self.init_from)
+      print(f"[experience] initialised {self.workspace_id!r} from the service's library {self.init_from}: {count} "
+            "memories", flush=True)
     elif os.path.isfile(self.init_from):
-      if self.pool is None:
-        raise ValueError("init_from a JSONL library needs the in-process pool; load it into the service with its "
-                         "/vector_store {action: load}")
       count = self.pool.workspace.import_jsonl(self.init_from)
       self.pool.reload()
       print(f"[experience] initialised {self.workspace_id!r} from {self.init_from}: {count} memories", flush=True)
     else:
       raise ValueError(f"init_from must be 'expert', 'taskset:PATH' or the path of a JSONL library, got "
-                       f"{self.init_from!r}")
+                       f"{self.init_from!r} (no such file)")
 
   # -- the step's hooks --------------------------------------------------------------------------------------
 
@@ -228,24 +268,44 @@ class ExperienceManager(RLExtension):
     chosen = [position for group in task_groups(openings)
               for position, add in zip(group, manager_lib.allocate_rollout_exp(len(group), mode, self.rollout_ratio,
                                                                                rng)) if add]
-    # The query is the task's own text; AgentEvolver's "messages" mode reduces to it too (task_query), since
-    # embedding the JSON of the whole opening would match every task of an env alike.
-    queries = [manager_lib.task_query([m.to_dict() for m in openings[p].messages], mode=self.query_mode)
-               for p in chosen]
+    queries = [manager_lib.task_query([m.to_dict() for m in openings[p].messages]) for p in chosen]
     hits = self.backend.retrieve(queries, self.retrieve_top_k) if queries else []
-    found_ids = [m.memory_id for found in hits for m, _ in found]
-    if found_ids and not validating and self.pool is not None:  # ReMe's retrieval count, undone by a rewind
-      self.pool.workspace.bump(found_ids, freq=1, step=self.base + step)
     for position, found in zip(chosen, hits):
       if not found:
         continue  # an empty or unrelated pool: the episode runs without experience
-      memories = [memory for memory, _ in found]
-      text = manager_lib.format_experiences(memories)
+      memories, text, cut_tokens = self._within_budget([memory for memory, _ in found])
+      if not validating:
+        self._cut["cut_memories"] += len(found) - len(memories)
+        self._cut["cut_tokens"] += cut_tokens
+      if not memories:
+        continue
       messages = list(openings[position].messages)
       messages[-1] = Message("user", manager_lib.inject_experience(messages[-1].content, text))
       changes[position] = OpeningChange(messages, {"experience": [m.memory_id for m in memories],
                                                    "experience_text": text})
     return changes
+
+  def _within_budget(self, memories: list[Any]) -> tuple[list[Any], str, int]:
+    """(the memories kept, their experience text, tokens cut): the best memories whose text fits
+    `max_experience_tokens`; a first memory longer than the budget alone is cut to it (at a token boundary)."""
+    text = manager_lib.format_experiences(memories)
+    if self.max_experience_tokens is None:
+      return memories, text, 0
+    budget = self.max_experience_tokens
+    full = self._tokens(text)
+    kept = list(memories)
+    while len(kept) > 1 and self._tokens(text) > budget:
+      kept.pop()
+      text = manager_lib.format_experiences(kept)
+    tokens = self._tokens(text)
+    if tokens > budget:
+      ids = self.tokenizer.encode(text, add_special_tokens=False)[:budget]
+      text = self.tokenizer.decode(ids)
+      tokens = budget
+    return kept, text, full - tokens
+
+  def _tokens(self, text: str) -> int:
+    return len(self.tokenizer.encode(text, add_special_tokens=False))
 
   def sample_modes(self, step: int, rollouts: Sequence[Rollout]) -> dict[int, str]:
     """{task group: "keep" | "discard"} for step `step`'s rollouts, by `train_sample_mode` (seeded per step)."""
@@ -269,16 +329,33 @@ class ExperienceManager(RLExtension):
     return [dataclasses.replace(m, content=manager_lib.strip_experience(m.content)[0]) if m.role == "user" else m
             for m in messages]
 
+  def before_update(self, step: int, rollouts: Sequence[Rollout]) -> None:
+    """Bumps the counters of the memories the step's scored training episodes ran with (module docstring), then
+    submits the step's summary when it is due; both stamped with the store's step of this RL step."""
+    stamp = self.base + step + 1
+    writer = distributed.is_primary()  # (every process holds every rollout: one writes)
+    scored = [r for r in rollouts if not r.failed]
+    if self.backend is None or not writer:
+      return
+    given = [i for r in scored if not r.success for i in r.added.get("experience", [])]
+    helped = [i for r in scored if r.success for i in r.added.get("experience", [])]
+    if given:
+      self.backend.record(given, update_utility=False, step=stamp)
+    if helped:
+      self.backend.record(helped, update_utility=True, step=stamp)
+    if self.updated_freq and (step + 1) % self.updated_freq == 0:
+      trajectories = [strip_added_messages(r) for r in scored]
+      if self.blocking:
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        done.set_result(self._summarize(trajectories, stamp))
+        self._pending.append(done)
+      else:
+        self._pending.append(self._executor.submit(self._summarize, trajectories, stamp))
+
   def after_step(self, step: int, rollouts: Sequence[Rollout]) -> dict[str, Any]:
     scored = [r for r in rollouts if not r.failed]
     with_exp = [r for r in scored if r.added.get("experience")]
     without = [r for r in scored if not r.added.get("experience")]
-    useful = sorted({i for r in with_exp if r.success for i in r.added["experience"]})
-    writer = distributed.is_primary()  # (every process holds every rollout: one writes)
-    if useful and self.pool is not None:
-      self.pool.workspace.bump(useful, utility=1, step=self.base + step)
-    elif useful and self.backend is not None and writer:
-      self.backend.record(useful, update_utility=True)
     retrieved = sorted(i for r in rollouts for i in r.added.get("experience", []))
     made_here = [m for m in (self.pool.workspace.get(sorted(set(retrieved))) if self.pool and retrieved else [])
                  if (m.metadata.get("committed_step") or 0) > self.base]
@@ -291,22 +368,22 @@ class ExperienceManager(RLExtension):
         # Which memories the step retrieved: equal digests, equal retrievals (an unbroken vs a resumed run).
         "retrieved_digest": hashlib.blake2b(",".join(retrieved).encode(), digest_size=6).hexdigest(),
         "trained_with": self._trained_with,  # samples whose experience stayed in their training tokens
+        **self._cut,
     }
     self._trained_with = 0
+    self._cut = dict.fromkeys(self._cut, 0)
     self.step = step + 1
-    if self.updated_freq and self.backend is not None and writer and (step + 1) % self.updated_freq == 0:
-      trajectories = [strip_added_messages(r) for r in scored]
-      future = self._executor.submit(self._summarize, trajectories, step + 1)
-      self._pending.append(future)
-      if self.blocking or distributed.process_count() > 1:
-        row.update(self._wait())
+    row.update(self._wait())  # the summary `before_update` submitted: in the pool before the next step
     # Every host retrieves the next step's memories from the same pool: after process 0's summary is in.
     distributed.barrier(f"experience after step {step + 1}")
     row["pool_size"] = self.size
+    if self.log_pool_digest and self.pool is not None:
+      row["pool_digest"] = pool_digest(self.pool.workspace.all())
     return row
 
   def _summarize(self, trajectories: Sequence[Any], step: int) -> dict[str, Any]:
-    result = self.backend.summarize(trajectories, step=self.base + step)
+    """Summarizes and commits `trajectories` at the store's step `step`; returns the summary's metrics."""
+    result = self.backend.summarize(trajectories, step=step)
     return {f"summary/{k}": v for k, v in result.stats.items()} | {"summary/committed": len(result.memories)}
 
   def _wait(self) -> dict[str, Any]:
@@ -349,6 +426,14 @@ class ExperienceManager(RLExtension):
   def close(self) -> None:
     self._wait()
     self._executor.shutdown(wait=True)
+
+
+def pool_digest(memories: Sequence[Any]) -> str:
+  """A digest of memories' ids, contents, freq, utility and committed steps (not their timestamps), in id order:
+  two pools with equal digests hold the same memories with the same counters."""
+  rows = sorted((m.memory_id, m.when_to_use, m.content, m.metadata.get("freq"), m.metadata.get("utility"),
+                 m.metadata.get("committed_step")) for m in memories)
+  return hashlib.blake2b(json.dumps(rows).encode(), digest_size=8).hexdigest()
 
 
 def strip_added_messages(rollout: Rollout) -> Rollout:

@@ -11,8 +11,12 @@ the hooks of its extensions, in order, on the host (outside jit):
   rollouts = ext.training_rollouts(step, rollouts, tok) what trains: by default what *this* extension added is
                                                         stripped from the tokens (`strip_added`), which sets
                                                         exp_mask; what others added is theirs to keep or strip
+  ext.before_update(step, rollouts)                     the step's scored rollouts, before the update: work that
+                                                        can overlap the update starts here (the pool's summarizer)
   ... advantages (`train_grpo.advantage_fn`), old/reference log-probs, HET-PPO updates ...
-  metrics |= ext.after_step(step, rollouts)             with the step's rollouts (a summarizer attaches here)
+  metrics |= ext.after_step(step, rollouts)             after the update: what `before_update` started is
+                                                        collected here, so the step's outcome is a function of
+                                                        the seed, not of timing
 
 and with every checkpoint `ext.state_files()` / `ext.load_state_files(files)` (an experience workspace, a set of
 synthetic tasks): kept atomically with the train state, so a resumed run sees the same pool and tasks.
@@ -46,10 +50,11 @@ class RLExtension:
   name: str = "extension"
   added_keys: tuple[str, ...] = ()
 
-  def start(self, *, model_dir: str, envs: Sequence[str], seed: int) -> None:
+  def start(self, *, model_dir: str, envs: Sequence[str], seed: int,
+            tokenizer: PreTrainedTokenizerBase | None = None) -> None:
     """Called once before the run resumes: where the run lives (e.g. a default place for a pool), its envs, its
-    seed."""
-    del model_dir, envs, seed
+    seed, the policy's tokenizer."""
+    del model_dir, envs, seed, tokenizer
 
   def choose_tasks(self, step: int, tasks: list[Task]) -> list[Task]:
     """The tasks of RL step `step`, given those drawn so far."""
@@ -85,6 +90,12 @@ class RLExtension:
     del messages, added
     raise NotImplementedError(f"extension {self.name!r} cannot take its addition out of an opening that keeps "
                               "another extension's addition: define remove_added")
+
+  def before_update(self, step: int, rollouts: Sequence[Rollout]) -> None:
+    """Called with the step's rollouts (all of them, errored ones included, as sampled: additions in place) once
+    they are scored and before the update; work started here may run during the update and must be finished by
+    `after_step`."""
+    del step, rollouts
 
   def after_step(self, step: int, rollouts: Sequence[Rollout]) -> dict[str, Any]:
     """Called with the step's rollouts (all of them, errored ones included) after its updates; returns metrics."""

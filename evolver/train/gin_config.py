@@ -39,7 +39,7 @@ def register_loops() -> None:
   """Imports every module with a training loop so run configs can name them."""
   import importlib
   for module in ("evolver.train.bc", "evolver.train.agentevol", "evolver.train.rl", "evolver.train.dpo",
-                 "evolver.train.experience", "evolver.train.selfq", "evolver.train.credit"):
+                 "evolver.train.experience", "evolver.train.synthetic_tasks", "evolver.train.credit"):
     try:
       importlib.import_module(module)
     except ModuleNotFoundError as e:

@@ -9,7 +9,8 @@ One RL step (`grpo_step`):
      randomness derives from (seed, step, task, sample), never from its row; extensions may change the opening of
      each episode (`transform_openings`, one call for all of them);
   3. score: the environment's rewards; errored episodes leave; what was added to an opening is stripped from the
-     tokens that train and marks them off-policy (`exp_mask`, `training_rollouts`);
+     tokens that train and marks them off-policy (`exp_mask`, `training_rollouts`); then `before_update` of each
+     extension with the step's rollouts (the pool's summarizer starts there and runs during steps 4-6);
   4. advantages: `advantage_fn` gives one value per sampled turn (GRPO: the episode's group-normalised reward on
      every turn), broadcast to that turn's sampled tokens;
      a group with fewer than two scored episodes has no baseline and trains nothing (`rollout/lone_groups`);
@@ -17,7 +18,7 @@ One RL step (`grpo_step`):
      reference's (`ref_logp`, a `param_dtype` copy of the starting policy, sharded like it);
   6. updates: `ppo_epochs` x `num_minibatches` HET-PPO updates (+ kl_coef * k3 KL to the reference
      - entropy_coeff * H), each minibatch padded with zero-mask rows to split over the data-parallel devices;
-  7. `after_step` of each extension with the step's rollouts.
+  7. `after_step` of each extension with the step's rollouts (collecting what `before_update` started).
 The shared loop (`evolver.train.loop`) runs val, metrics, checkpoints (with the extensions' state files), resume
 and the held-out report. The logged `step` is the RL step; the optimizer takes `ppo_epochs * num_minibatches`
 updates per RL step.
@@ -43,6 +44,7 @@ from transformers import PreTrainedTokenizerBase
 from evolver import distributed
 from evolver import runtime
 from evolver.data import batching
+from evolver.models import generate as generate_lib
 from evolver.models import sharding
 from evolver.models import tokenizer as tokenizer_lib
 from evolver.models.decoder import Decoder
@@ -113,6 +115,12 @@ def _logprobs(graphdef: nnx.GraphDef, params: nnx.State, input_ids: jax.Array, h
     return step_lib.policy_logprobs(nnx.merge(graphdef, params), input_ids, head_chunk_rows)
 
 
+def prefixed(name: str, metrics: dict[str, Any]) -> dict[str, Any]:
+  """`metrics` under `name/`, except timings (`time/...`), which join the step's own: what a run's timing decides
+  stays apart from what its seed decides."""
+  return {k if k.startswith("time/") else f"{name}/{k}": v for k, v in metrics.items()}
+
+
 def rollout_metrics(rolled: RolloutBatch, kept: Sequence[Rollout], buckets: Sequence[int]) -> dict[str, Any]:
   """What a step's episodes did: success, reward and turns of the scored ones, errors, truncations, tokens."""
   def mean(values) -> float:
@@ -124,10 +132,11 @@ def rollout_metrics(rolled: RolloutBatch, kept: Sequence[Rollout], buckets: Sequ
       "rollout/reward": mean(t.reward for t in kept),
       "rollout/turns": mean(t.turns for t in kept),
       "rollout/failed": sum(t.failed for t in rolled.trajectories),
+      "rollout/opening_too_long": rolled.stats.opening_too_long,  # of the failed: no room for a first turn
       "rollout/truncated": sum(batching.bucket_index(len(t.token_ids), buckets) < 0 for t in kept),
       "rollout/with_additions": sum(bool(t.added) for t in rolled.trajectories),
       "rollout/sampled_tokens": rolled.stats.sampled_tokens,
-      "rollout/measure_s": rolled.stats.measure_s,  # env-thread seconds measuring for the step judges (summed)
+      "time/measure_s": rolled.stats.measure_s,  # env-thread seconds measuring for the step judges (summed)
       **rollout_time_metrics(rolled),
   }
 
@@ -138,10 +147,10 @@ def rollout_time_metrics(rolled: RolloutBatch) -> dict[str, float]:
   `time/prefill_s`, `time/decode_s`, `time/select_s` (inside the sampler, waited for, compilation not
   included), `time/rollout_compile_s` (the sampler's tracing and compiling), `time/env_s` (env calls),
   `time/template_s` (rendering and tokenizing); `rollout/idle_row_fraction`: decode row-steps whose row
-  sampled nothing (finished or waiting for the turn's longest row); `rollout/floor_s`: the step's decoded tokens
+  sampled nothing (finished or waiting for the turn's longest row); `time/rollout_floor_s`: the step's decoded tokens
   (each turn's first token comes with its prefill) packed perfectly over the step's episodes (GRPO runs them all
   at once), at this step's mean seconds per decode step: what decoding would cost with no row ever idle;
-  `rollout/sequential_floor_s`: the longest episode's decoded tokens at the same cost (an episode's tokens are
+  `time/rollout_sequential_floor_s`: the longest episode's decoded tokens at the same cost (an episode's tokens are
   decoded one after another, so no schedule finishes sooner; the step's real floor is the larger of the two)."""
   s = rolled.stats
   decode_step_s = s.decode_s / s.decode_steps if s.decode_steps else 0.0
@@ -154,8 +163,8 @@ def rollout_time_metrics(rolled: RolloutBatch) -> dict[str, float]:
           "time/rollout_compile_s": s.compile_s, "time/env_s": s.env_s, "time/template_s": s.template_s,
           "rollout/decode_steps": s.decode_steps,
           "rollout/idle_row_fraction": s.idle_row_fraction,
-          "rollout/floor_s": floor_s,
-          "rollout/sequential_floor_s": longest * decode_step_s}
+          "time/rollout_floor_s": floor_s,
+          "time/rollout_sequential_floor_s": longest * decode_step_s}
 
 
 def behaviour_logprobs(graphdef: nnx.GraphDef, params: nnx.State, batch: dict[str, np.ndarray],
@@ -273,7 +282,7 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   started = time.perf_counter()
   credit = advantage_fn(trained, step=step)
   per_turn = advantages_lib.check_turn_advantages(trained, credit)
-  row.update({f"credit/{k}": v for k, v in credit.metrics.items()})
+  row.update(prefixed("credit", credit.metrics))
   row["time/credit_s"] = time.perf_counter() - started
   batch = batching.batch_trajectories(trained, tokenizer, buckets=buckets, advantages=per_turn, truncate=True)
   rows = None if max_rows is None else update_rows(max_rows, num_minibatches, minibatch_multiple(trainer))
@@ -343,9 +352,16 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
   loop = Loop("grpo", model_dir, trainer, tokenizer, envs=envs, val_indices=slices.val_indices,
               updates_per_step=updates_per_step, state_owners=extensions)
   loop.eval_openings = lambda step: chain_openings(extensions, step, validating=True)
-  for ext in extensions:
-    ext.start(model_dir=loop.model_dir, envs=envs, seed=seed)
-  loop.resume()
+  # LLM roles played by the live policy (`evolver.models.generate.LivePolicyGenerate`: a summarizer, a judge) sample
+  # with the weights that sampled the current step (`loop.engine`), never with weights mid-update.
+  stop_serving = generate_lib.serve_live_policy(lambda: loop.engine)
+  try:
+    for ext in extensions:
+      ext.start(model_dir=loop.model_dir, envs=envs, seed=seed, tokenizer=tokenizer)
+    loop.resume()
+  except BaseException:
+    stop_serving()
+    raise
   rollout_config = RolloutConfig(max_new_tokens=max_new_tokens, temperature=temperature, max_rounds=max_rounds,
                                  num_samples=group_size, batch_size=tasks_per_step * group_size,
                                  record_expert_actions=record_expert_actions)
@@ -373,6 +389,8 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
     kept = extensions_lib.training_rollouts(extensions, step, [t for t in rolled.trajectories if not t.failed],
                                             tokenizer)
     row.update(rollout_metrics(rolled, kept, buckets))
+    for ext in extensions:
+      ext.before_update(step, rolled.trajectories)
     started = time.perf_counter()
     max_rows = tasks_per_step * group_size  # (a step with more rows pads them to their own power of two)
     if len(precompiled) == 1:  # and the updates' programs at every length bucket (in its update time)
@@ -386,7 +404,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
     row["time/update_s"] = time.perf_counter() - started  # advantages, old/reference logprobs, the PPO updates
     row["loss"] = row.get("loss", float("nan"))
     for ext in extensions:
-      row.update({f"{ext.name}/{k}": v for k, v in ext.after_step(step, rolled.trajectories).items()})
+      row.update(prefixed(ext.name, ext.after_step(step, rolled.trajectories)))
     return row
 
   try:
@@ -395,3 +413,4 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
   finally:
     for ext in extensions:
       ext.close()
+    stop_serving()

@@ -113,8 +113,8 @@ def run(argv: list[str]) -> dict:
             "idle rows", "old_logp", "ref_logp", "ppo", "compiles", "compile_s", "cache hits", "rss GB"]
   table = []
   for r in rows:
-    table.append([r["step"], f"{_step_s(r):.1f}", f"{r['time/rollout_s']:.1f}", f"{r['rollout/floor_s']:.2f}",
-                  f"{r.get('rollout/sequential_floor_s', float('nan')):.2f}", *(f"{r.get(k, 0.0):.2f}" for k in _ROLLOUT_PARTS), f"{r['rollout/idle_row_fraction']:.2f}",
+    table.append([r["step"], f"{_step_s(r):.1f}", f"{r['time/rollout_s']:.1f}", f"{r['time/rollout_floor_s']:.2f}",
+                  f"{r.get('time/rollout_sequential_floor_s', float('nan')):.2f}", *(f"{r.get(k, 0.0):.2f}" for k in _ROLLOUT_PARTS), f"{r['rollout/idle_row_fraction']:.2f}",
                   *(f"{r.get(k, 0.0):.2f}" for k in _UPDATE_PARTS[1:]), r.get("compile/compiles", 0),
                   f"{r.get('compile/compile_s', 0.0):.1f}", r.get("compile/cache_hits", 0),
                   f"{r.get('memory/rss_gb', float('nan')):.2f}"])
@@ -128,8 +128,8 @@ def run(argv: list[str]) -> dict:
                      ["phase", "function", "compiles", "compile_s", "cache hits", "trace_s"], fn_rows)
 
   warm_rollout = _median(warm, "time/rollout_s")
-  floor = _median(warm, "rollout/floor_s")
-  sequential = _median(warm, "rollout/sequential_floor_s")
+  floor = _median(warm, "time/rollout_floor_s")
+  sequential = _median(warm, "time/rollout_sequential_floor_s")
   result = {
       "suite": "rl_step", "unit": "seconds per RL step (32 episodes)",
       "ours": warm_rollout, "peer": floor, "speedup": floor / warm_rollout if warm_rollout else None,

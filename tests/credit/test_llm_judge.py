@@ -1,30 +1,43 @@
-"""The `llm` step judge (evolver.credit.llm): the prompt it builds from a rollout, the replies it parses, and the
-outcome fallback (counted) for replies it cannot."""
+"""The `llm` step judge (evolver.credit.llm): the steps it reads from an episode's texts, the prompt it builds, the
+replies it parses, and the outcome fallback (counted) for replies it cannot. It works on plain data: the rollouts
+are read by evolver.train.credit (tests/train/test_credit.py)."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 
 from evolver.credit import llm
-from evolver.data.trajectory import Message
-from evolver.rollout import Rollout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _rollout(turns: int = 2, *, answered_last: bool = True) -> Rollout:
-  """An opening of 3 messages (rules, "Ok.", first observation), then `turns` ReAct turns and their answers."""
-  messages = [Message("user", "You are in a maze. Rules..."), Message("assistant", "Ok."),
-              Message("user", "Go to the goal at (2, 3). You are at (0, 0).")]
+def _texts(turns: int = 2, *, answered_last: bool = True) -> list[str]:
+  """What follows an episode's opening: `turns` ReAct turns, each answered (the last one only if `answered_last`)."""
+  texts = []
   for turn in range(turns):
-    messages.append(Message("assistant", f"Thought: step {turn}.\nAction: move east {turn}"))
+    texts.append(f"Thought: step {turn}.\nAction: move east {turn}")
     if turn < turns - 1 or answered_last:
-      messages.append(Message("user", f"You are at ({turn + 1}, 0)."))
-  return Rollout(item_id="maze/train/0", messages=messages, env="maze", turns=turns, opening_len=3)
+      texts.append(f"You are at ({turn + 1}, 0).")
+  return texts
 
 
 def test_trajectory_steps_pairs_each_sampled_action_with_its_answer():
-  assert llm.trajectory_steps(_rollout(2)) == [("move east 0", "You are at (1, 0)."),
-                                               ("move east 1", "You are at (2, 0).")]
-  assert llm.trajectory_steps(_rollout(2, answered_last=False))[-1] == ("move east 1", "")
-  with pytest.raises(ValueError, match="opening_len 0 does not fit"):
-    llm.trajectory_steps(Rollout(item_id="x", messages=[Message("user", "hi")], turns=1, opening_len=0))
+  assert llm.trajectory_steps(_texts(2), 2) == [("move east 0", "You are at (1, 0)."),
+                                                ("move east 1", "You are at (2, 0).")]
+  assert llm.trajectory_steps(_texts(2, answered_last=False), 2)[-1] == ("move east 1", "")
+  assert llm.trajectory_steps([], 0) == []
+  with pytest.raises(ValueError, match="1 messages after the opening cannot hold 2 sampled turns"):
+    llm.trajectory_steps(_texts(1, answered_last=False), 2)
+
+
+def test_the_judge_imports_no_rollout_code():
+  script = "import sys\nimport evolver.credit.llm\nprint('\\n'.join(sorted(sys.modules)))"
+  proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+  modules = proc.stdout.split()
+  assert "evolver.credit.llm" in modules
+  assert not [m for m in modules if m.startswith(("evolver.rollout", "evolver.models", "evolver.train", "jax"))]
 
 
 def test_the_prompt_numbers_the_steps_and_states_the_score_and_its_sign():

@@ -157,3 +157,47 @@ def test_bad_inputs_are_refused():
   with pytest.raises(ExperienceError, match="k must be a non-negative int"):
     index.search(unit(np.ones((1, DIM))), -1)
   assert len(index) == 0
+
+
+def test_scann_keeps_no_float_copy_and_follows_upserts_and_deletes_row_for_row():
+  # Every leaf searched and a deep reorder: whatever ScaNN holds at a row is what the index re-scores there, so a
+  # vector searched for itself comes first only if the two agree on its row after the mutations.
+  params = ScannParams(search_fraction=1.0, reorder=200)
+  index = VectorIndex(DIM, exact_threshold=1000, drift_fraction=10.0, params=params)
+  data = clustered(1500, 0)
+  index.upsert(names(1500), data)
+  assert index.mode == "scann" and "exact_reordering" not in index._searcher.config()  # AH codes only
+  fresh = clustered(6, 7)
+  index.upsert(["v3", "n0", "v1499", "n1", "n2", "v40"], fresh)  # replacements and appends interleaved
+  assert index.delete(["v10", "n1", "v1498", "v10", "absent", "n2", "v0"]) == 5  # holes filled from the end
+  later = clustered(2, 8)
+  index.upsert(["n3", "v11"], later)
+  assert index.builds == 1 and index._searcher.size() == len(index) == 1500 + 3 - 5 + 1
+  stored = dict(zip(index.ids, index.vectors()))
+  assert np.array_equal(stored["n3"], later[0]) and np.array_equal(stored["v40"], fresh[5])
+  probe = sorted(stored)
+  hits = index.search(np.stack([stored[i] for i in probe]), 1)
+  assert [row[0][0] for row in hits] == probe
+  queries = clustered(40, 3)
+  assert [[i for i, _ in row] for row in index.search(queries, 10)] == \
+      [[i for i, _ in row] for row in index.search(queries, 10, exact=True)]
+
+
+def test_fill_takes_the_matrix_as_its_own_and_answers_like_upsert():
+  data, queries = clustered(1200, 0), clustered(30, 1)
+  for threshold in (10_000, 1000):
+    filled, upserted = VectorIndex(DIM, exact_threshold=threshold), VectorIndex(DIM, exact_threshold=threshold)
+    matrix = data.copy()
+    filled.fill(names(1200), matrix)
+    upserted.upsert(names(1200), data)
+    assert np.shares_memory(filled.vectors(), matrix) and filled.ids == names(1200)
+    assert filled.mode == upserted.mode == ("exact" if threshold > 1200 else "scann")
+    assert filled.search(queries, 10) == upserted.search(queries, 10)
+    filled.upsert(["late"], data[:1])
+    assert filled.search(data[:1], 2)[0][0][1] == pytest.approx(1.0, abs=1e-5) and len(filled) == 1201
+  with pytest.raises(ExperienceError, match="fill needs an empty index"):
+    filled.fill(["x"], data[:1])
+  with pytest.raises(ExperienceError, match="'a' appears more than once"):
+    VectorIndex(DIM).fill(["a", "b", "a"], data[:3])
+  with pytest.raises(ExperienceError, match="2 ids but 3 vectors"):
+    VectorIndex(DIM).fill(["a", "b"], data[:3])

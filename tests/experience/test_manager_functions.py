@@ -122,11 +122,26 @@ def test_strip_removes_every_occurrence():
   assert strip_experience(twice) == ("t", ["x", "y"])
 
 
-def test_strip_matches_agentevolvers_regex():
-  import re
-  pattern = re.escape(EXPERIENCE_TEMPLATE).replace(r"\{\}", "(.*?)")  # as ExperienceWorker.manage_training_context
-  message = "q" + EXPERIENCE_TEMPLATE.format("e1") + "r" + EXPERIENCE_TEMPLATE.format("e2")
-  assert strip_experience(message)[0] == re.sub(pattern, "", message, flags=re.DOTALL)
+HEADER = "\n\nSome Related Experience to help you to complete the task:<EXP>"  # AgentEvolver's yaml template
+
+
+@pytest.mark.parametrize("text,expected", [
+    # AgentEvolver's manage_training_context (non-greedy, DOTALL, re.sub of every block) on literal messages.
+    (f"Find the key.{HEADER}go north\nthen east</EXP>\n\nThen report.", ("Find the key.Then report.",
+                                                                         ["go north\nthen east"])),
+    (f"q{HEADER}e1</EXP>\n\nr{HEADER}e2</EXP>\n\n", ("qr", ["e1", "e2"])),  # two blocks, not one greedy match
+    (f"t{HEADER}</EXP>\n\n", ("t", [""])),
+    # Not the template: each stays as it is.
+    (f"t{HEADER}e</EXP>", (f"t{HEADER}e</EXP>", [])),  # without the trailing blank line (exp_manager/README's)
+    (f"t{HEADER}e</EXP>\n", (f"t{HEADER}e</EXP>\n", [])),
+    (f"t{HEADER.lower()}e</exp>\n\n", (f"t{HEADER.lower()}e</exp>\n\n", [])),
+    ("t <EXP>e</EXP>\n\n", ("t <EXP>e</EXP>\n\n", [])),  # the tags without the header
+    (f"t{HEADER}never closed\n\n", (f"t{HEADER}never closed\n\n", [])),
+    (HEADER[2:] + "e</EXP>\n\n", (HEADER[2:] + "e</EXP>\n\n", [])),  # without the leading blank line
+])
+def test_strip_on_literal_messages(text, expected):
+  assert EXPERIENCE_TEMPLATE == HEADER + "{}</EXP>\n\n"
+  assert strip_experience(text) == expected
 
 
 # -- formatting and queries ------------------------------------------------------------------------------------
@@ -170,14 +185,6 @@ def test_task_query_drops_injected_experience():
   messages[2]["content"] = inject_experience(messages[2]["content"], "old hint")
   assert task_query(messages) == "Your goal: reach the red door."
   assert task_query(json.dumps(messages)) == "Your goal: reach the red door."
-
-
-def test_task_query_messages_mode_is_agentevolvers_json():
-  initial = AGENTGYM[:3]
-  assert task_query(AGENTGYM, mode="messages") == json.dumps(initial, ensure_ascii=False)
-  assert json.loads(task_query("a task", mode="messages")) == [{"role": "user", "content": "a task"}]
-  with pytest.raises(ValueError, match="unknown query mode"):
-    task_query(AGENTGYM, mode="all")
 
 
 def test_task_query_edge_cases():

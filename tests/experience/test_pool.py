@@ -1,12 +1,15 @@
-"""ExperiencePool: commit then retrieve, counting, dedup scores, deletes, rewinds, reloads after another writer, and
-retrievals concurrent with commits seeing each commit whole or not at all."""
+"""ExperiencePool: commit then retrieve, counting, dedup scores, deletes, rewinds, reloads after another writer,
+retrievals concurrent with commits seeing each commit whole or not at all, and restores from snapshots that leave
+the embedding cache out."""
 
+import sqlite3
 import threading
 import zlib
 
 import numpy as np
 import pytest
 
+from evolver.experience import pool as pool_lib
 from evolver.experience.index import VectorIndex
 from evolver.experience.pool import ExperiencePool
 from evolver.experience.records import ExperienceError, TaskMemory
@@ -203,3 +206,81 @@ def test_retrievals_concurrent_with_commits_see_whole_commits(pool):
   assert not errors, errors[:1]
   assert pool.size == batch * batches and len(seen_sizes) > 1
   assert all(size % batch == 0 for size in seen_sizes)
+
+
+def many_memories(n: int, seed: int = 0) -> list[TaskMemory]:
+  rng = np.random.default_rng(seed)
+  words = [f"w{i}" for i in range(300)]
+  return [TaskMemory("ws", " ".join(rng.choice(words, 6)), f"c{i}", memory_id=f"m{i}") for i in range(n)]
+
+
+@pytest.mark.parametrize("threshold", [10_000, 500])
+def test_a_pool_restored_from_a_snapshot_retrieves_exactly_what_the_original_did(tmp_path, threshold):
+  embedder = HashingEmbedder()
+  make = lambda root, e: ExperiencePool(ExperienceStore(str(tmp_path / root)), "ws", e, min_score=-1.0,
+                                        index=VectorIndex(e.dim, exact_threshold=threshold))
+  pool = make("a", embedder)
+  memories = many_memories(800)
+  for step in range(4):
+    pool.commit(memories[step * 200:(step + 1) * 200], step=step)
+  pool.delete([f"m{i}" for i in range(0, 800, 7)], step=3)
+  pool.reload()  # the original's index built as a restored one is (a ScaNN tree depends on the build)
+  queries = [m.when_to_use for m in many_memories(30, seed=1)] + [memories[5].when_to_use]
+  expected = [[(m.memory_id, s) for m, s in row] for row in pool.retrieve(queries, 10)]
+  image = pool.workspace.snapshot()
+  conn = sqlite3.connect(":memory:")
+  conn.deserialize(image)
+  assert conn.execute("SELECT COUNT(*) FROM vectors").fetchone() == (0,)
+
+  fresh = HashingEmbedder()
+  restored = make("b", fresh)  # another machine: an empty store
+  restored.restore(image)
+  assert restored.size == pool.size == 800 - 115 and fresh.texts == 800 - 115  # every when_to_use re-embedded
+  assert [[(m.memory_id, s) for m, s in row] for row in restored.retrieve(queries, 10)] == expected
+
+  pool.commit(many_memories(50, seed=2), step=4)
+  calls = embedder.texts
+  pool.restore(image)  # in place: the cache it kept covers every text
+  assert embedder.texts == calls and not pool.stale
+  assert [[(m.memory_id, s) for m, s in row] for row in pool.retrieve(queries, 10)] == expected
+
+
+def test_reload_embeds_only_what_the_cache_lacks_in_batches(store, monkeypatch):
+  embedder = HashingEmbedder()
+  pool = ExperiencePool(store, "ws", embedder, min_score=-1.0)
+  memories = many_memories(30)
+  pool.commit(memories)
+  queries = [m.when_to_use for m in memories[:5]]
+  expected = pool.retrieve(queries, 5)
+  lost = [m.when_to_use for m in memories[3:10]]
+  with pool.workspace._write() as conn:
+    conn.executemany("DELETE FROM vectors WHERE text = ?", [(t,) for t in lost])
+  monkeypatch.setattr(pool_lib, "EMBED_BATCH", 3)
+  calls, texts = embedder.calls, embedder.texts
+  pool.reload()
+  assert (embedder.calls - calls, embedder.texts - texts) == (3, 7)  # 7 texts, 3 at a time
+  assert pool.retrieve(queries, 5) == expected
+  assert pool.workspace.cached_vectors(embedder.name, lost, embedder.dim)[1].all()  # cached again
+
+
+def test_a_failed_reload_leaves_the_pool_empty_and_stale(store):
+  class Failing(HashingEmbedder):
+    fail = False
+
+    def embed(self, texts):
+      if self.fail:
+        raise RuntimeError("embedder down")
+      return super().embed(texts)
+
+  embedder = Failing()
+  pool = ExperiencePool(store, "ws", embedder)
+  pool.commit([memory("ws", k) for k in TOPICS])
+  with pool.workspace._write() as conn:
+    conn.execute("DELETE FROM vectors")
+  embedder.fail = True
+  with pytest.raises(RuntimeError, match="embedder down"):
+    pool.reload()
+  assert pool.size == 0 and pool.stale
+  embedder.fail = False
+  pool.reload()
+  assert pool.size == 4 and not pool.stale

@@ -1,13 +1,15 @@
 """ExperienceStore: round trips, ReMe 0.2 JSONL libraries, refused workspace ids, concurrent writers, SIGKILL
-mid-commit, freq/utility bookkeeping and step rewinds."""
+mid-commit, freq/utility bookkeeping, step rewinds, snapshots without the embedding cache and the cache itself."""
 
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
 
 from evolver.experience.records import ExperienceError, TaskMemory
@@ -389,3 +391,112 @@ def test_the_database_uses_wal_and_full_sync(store):
   assert ws._read("PRAGMA journal_mode") == [("wal",)]
   assert ws._read("PRAGMA synchronous") == [(2,)]
   assert os.path.basename(ws.path) == DB_NAME
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Snapshots and the embedding cache.
+# ------------------------------------------------------------------------------------------------------------
+
+
+def unit_rows(n: int, dim: int = 8, seed: int = 0) -> np.ndarray:
+  x = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+  return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def image_rows(image: bytes, sql: str) -> list[tuple]:
+  conn = sqlite3.connect(":memory:")
+  try:
+    conn.deserialize(image)
+    return conn.execute(sql).fetchall()
+  finally:
+    conn.close()
+
+
+def history(ws) -> tuple:
+  """Everything a snapshot must carry, as plain values."""
+  return ([m.to_json() for m in ws.all()], [m.to_json() for m in ws.set_aside()], ws.version, ws.content_version,
+          ws._read("SELECT * FROM memories ORDER BY seq"), ws._read("SELECT * FROM bumps ORDER BY rowid"),
+          ws._read("SELECT * FROM sqlite_sequence ORDER BY name"))
+
+
+def test_a_snapshot_holds_no_cache_rows_and_restores_records_history_and_versions(store):
+  ws = store.open("ws")
+  ws.put([memory("ws", i) for i in range(6)], step=1)
+  ws.bump(["m1", "m2"], freq=3, utility=1, step=1)
+  ws.delete(["m5"])  # purged: its seq stays the high-water mark of memories
+  ws.delete(["m3"], step=2)
+  ws.put([memory("ws", 6)], step=3)
+  ws.set_aside_after(2)
+  ws.cache_vectors("e", [f"when doing task {i}" for i in range(7)], unit_rows(7))
+  image = ws.snapshot()
+  assert image_rows(image, "SELECT COUNT(*) FROM vectors") == [(0,)]
+  assert image_rows(image, "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL") == []
+  assert len(image) < os.path.getsize(ws.path) + os.path.getsize(ws.path + "-wal")
+  expected = history(ws)
+
+  copy = store.open("elsewhere")
+  copy.restore(image)
+  assert history(copy)[0] == [{**m, "workspace_id": "elsewhere"} for m in expected[0]]
+  assert history(copy)[2:] == expected[2:]
+  assert copy.cached_vectors("e", ["when doing task 1"], 8)[1].tolist() == [False]  # to be re-embedded
+  copy.put([memory("elsewhere", 9)], step=4)  # the restored tables keep their indexes and sequences
+  assert copy.get(["m9"])[0].metadata["committed_step"] == 4 and copy._read(
+      "SELECT seq FROM memories WHERE memory_id = 'm9'")[0][0] > max(row[0] for row in expected[4])
+
+  ws.put([memory("ws", 7)], step=5)
+  ws.cache_vectors("e", ["only in the live cache"], unit_rows(1, seed=1))
+  ws.restore(image)  # back in its own workspace: the records as they were, the cache as it is
+  assert history(ws) == expected
+  vectors, found = ws.cached_vectors("e", ["when doing task 2", "only in the live cache", "never"], 8)
+  assert found.tolist() == [True, True, False] and np.allclose(vectors[1], unit_rows(1, seed=1)[0])
+
+
+def test_restore_takes_a_whole_database_image_and_adds_its_cache(store):
+  old = store.open("old")
+  old.put([memory("old", 1)], step=1)
+  old.cache_vectors("e", ["when doing task 1"], unit_rows(1))
+  image = bytearray(old._conn.serialize())  # what snapshots held before they left the cache out
+  image[18:20] = b"\x01\x01"
+  ws = store.open("ws")
+  ws.cache_vectors("e", ["mine"], unit_rows(1, seed=2))
+  ws.restore(bytes(image))
+  assert ids(ws.all()) == ["m1"]
+  assert ws.cached_vectors("e", ["when doing task 1", "mine"], 8)[1].tolist() == [True, True]
+
+
+def test_a_bad_image_is_refused_and_changes_nothing(store):
+  ws = store.open("ws")
+  ws.put([memory("ws", 1)], step=1)
+  before = history(ws)
+  with pytest.raises(ExperienceError, match="not a workspace database"):
+    ws.restore(b"not a database at all" * 100)
+  other = sqlite3.connect(":memory:")
+  other.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+  other.execute("INSERT INTO meta VALUES ('schema', 99)")
+  with pytest.raises(ExperienceError, match="has schema 99; this code reads 1"):
+    ws.restore(other.serialize())
+  other.execute("UPDATE meta SET value = 1")
+  with pytest.raises(ExperienceError, match=r"lacks the tables \['bumps', 'memories'"):
+    ws.restore(other.serialize())
+  assert history(ws) == before
+  assert ws._read("PRAGMA database_list") == ws._read("PRAGMA database_list")[:1]  # nothing left attached
+  ws.put([memory("ws", 2)], step=2)  # and the workspace still writes
+  assert ids(ws.all()) == ["m1", "m2"]
+
+
+def test_cached_vectors_and_live_embeddings_read_the_cache_exactly(store):
+  ws = store.open("ws")
+  texts = ["plain", "a\x00b", "é “quotes” \\ \n tab", "a", "plain"]
+  ws.put([TaskMemory("ws", text, "c", memory_id=f"m{k}") for k, text in enumerate(texts)], step=1)
+  vectors = unit_rows(4)
+  ws.cache_vectors("e", ["plain", "a", "é “quotes” \\ \n tab"], vectors[:3])
+  ws.cache_vectors("other", ["a\x00b"], vectors[3:])  # another embedder's
+  ws.cache_vectors("e", ["a\x00b"], unit_rows(1, dim=4))  # another width
+  got, found = ws.cached_vectors("e", texts, 8)
+  assert found.tolist() == [True, False, True, True, True]
+  assert np.array_equal(got, np.stack([vectors[0], np.zeros(8, np.float32), vectors[2], vectors[1], vectors[0]]))
+  ws.delete(["m3"], step=2)
+  live_ids, matrix, missing = ws.live_embeddings("e", 8)
+  assert live_ids == ["m0", "m1", "m2", "m4"] and missing == [(1, "a\x00b")]  # json_extract would read "a"
+  assert np.array_equal(matrix, np.stack([vectors[0], np.zeros(8, np.float32), vectors[2], vectors[0]]))
+  assert ws.live_embeddings("none", 8)[2] == list(enumerate(["plain", "a\x00b", "é “quotes” \\ \n tab", "plain"]))

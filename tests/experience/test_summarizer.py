@@ -1,4 +1,5 @@
-"""The summarizer: ReMe's pipeline with the extractive and the LLM backends, and the OpenAI-compatible adapter."""
+"""The summarizer: ReMe's pipeline with the extractive and the LLM backends, the LLM one also through the
+OpenAI-compatible adapter of evolver.models.generate (the adapters themselves: tests/models/test_generate.py)."""
 
 import json
 
@@ -9,10 +10,11 @@ from evolver.experience import summarizer as lib
 from evolver.experience.embedders import HashingEmbedder
 from evolver.experience.manager import inject_experience
 from evolver.experience.records import ExperienceError
-from evolver.experience.summarizer import (ExtractiveSummarizer, LLMSummarizer, OpenAIGenerate,
-                                           SummarizerUnavailable, summarize_and_commit)
+from evolver.experience.summarizer import (ExtractiveSummarizer, LLMSummarizer, SummarizerUnavailable,
+                                           summarize_and_commit)
 from evolver.experience.pool import ExperiencePool
 from evolver.experience.store import ExperienceStore
+from evolver.models.generate import OpenAIGenerate
 from tests.experience.helpers import GOAL, LOSE, WIN, conversation
 from tests.fake_http import JSONHandler, serving
 
@@ -263,20 +265,18 @@ def fake_openai():
     yield url + "/v1"
 
 
-def test_openai_generate(fake_openai):
-  generate = OpenAIGenerate(fake_openai + "/", "tiny", api_key="sk-test", timeout_s=10)
-  assert generate(["one", "two", "three"]) == ["echo: one", "echo: two", "echo: three"]
-  path, auth, body = _FakeOpenAI.requests[0]
-  assert path == "/v1/chat/completions" and auth == "Bearer sk-test"
-  assert body["model"] == "tiny" and body["messages"][0]["role"] == "user" and body["temperature"] == 0.0
-  with pytest.raises(SummarizerUnavailable, match="500"):
-    OpenAIGenerate(fake_openai, "broken", timeout_s=10, max_retries=0)(["x"])
-  with pytest.raises(SummarizerUnavailable):
-    OpenAIGenerate("http://127.0.0.1:9/v1", "tiny", timeout_s=5, max_retries=0)(["x"])
-
-
 def test_llm_summarizer_through_the_adapter(fake_openai):
   # the echo is no JSON: every output is unparseable, nothing is raised
-  result = LLMSummarizer(OpenAIGenerate(fake_openai, "tiny", timeout_s=10)).summarize(
-      [episode(GOAL, WIN, 1.0), episode(GOAL, LOSE, 0.0)], "w")
+  summarizer = LLMSummarizer(OpenAIGenerate(fake_openai, "tiny", timeout_s=10))
+  assert summarizer.author == "tiny"  # the adapter's model writes the memories
+  result = summarizer.summarize([episode(GOAL, WIN, 1.0), episode(GOAL, LOSE, 0.0)], "w")
   assert result.memories == [] and result.stats["unparseable"] == 3
+  assert _FakeOpenAI.requests[0][2]["temperature"] == 0.0  # greedy by default
+
+
+def test_an_endpoint_that_fails_makes_the_summarizer_unavailable(fake_openai):
+  for generate in (OpenAIGenerate(fake_openai, "broken", timeout_s=10, max_retries=0),
+                   OpenAIGenerate("http://127.0.0.1:9/v1", "tiny", timeout_s=5, max_retries=0)):
+    with pytest.raises(SummarizerUnavailable, match="the summarizer's model failed: APIUnavailable"):
+      LLMSummarizer(generate).summarize([episode(GOAL, WIN, 1.0)], "w")
+  assert LLMSummarizer(lambda prompts: prompts).author == "llm"

@@ -1,5 +1,6 @@
 """Step-level credit (ADCA decouple / allocation, its alpha schedule and skip rules; GiGPO's anchor-state grouping)
-against numbers worked out by hand, eagerly and under jax.jit."""
+against numbers worked out by hand, eagerly and under jax.jit; and the 0-based numbering of steps and updates as
+AdcaAdvantages hands them to these functions."""
 
 import inspect
 import math
@@ -9,7 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from evolver.data.trajectory import Message
 from evolver.rl import step_credit as sc
+from evolver.rollout import Rollout
+from evolver.train import credit
 
 STATIC = ("num_groups", "num_states", "outcome_on_all_steps", "sqrt_k", "equal_trajectory_weight", "normalize_std",
           "cross_steps", "cosine", "prm_steps", "total_steps")
@@ -195,8 +199,9 @@ def test_alpha_schedule(jit):
   def alpha(step, **kwargs):
     return float(call(sc.adca_alpha, jit, step, alpha=0.1, prm_steps=20, **kwargs))
 
-  assert [alpha(s) for s in (1, 19, 20, 25)] == pytest.approx([0.1, 0.1, 0.0, 0.0])
-  # Cosine over prm_steps (total_steps defaults to it): p = step / 20.
+  # Updates are counted from 0: prm_steps = 20 covers updates 0 .. 19.
+  assert [alpha(s) for s in (0, 1, 19, 20, 25)] == pytest.approx([0.1, 0.1, 0.1, 0.0, 0.0])
+  # Cosine over prm_steps (total_steps defaults to it): p = step / 20, the full alpha at update 0.
   assert alpha(0, cosine=True) == pytest.approx(0.1)
   assert alpha(5, cosine=True) == pytest.approx(0.1 * (1 + math.cos(math.pi / 4)) / 2, abs=1e-7)
   assert alpha(10, cosine=True) == pytest.approx(0.05, abs=1e-7)
@@ -204,6 +209,38 @@ def test_alpha_schedule(jit):
   assert alpha(20, cosine=True) == 0.0
   # A shorter decay horizon than prm_steps: p clamps at 1 -> alpha_min.
   assert alpha(15, cosine=True, total_steps=10, alpha_min=0.01) == pytest.approx(0.01, abs=1e-7)
+
+
+def test_adca_advantages_number_updates_and_steps_from_zero():
+  """AdcaAdvantages passes its 0-based update index to `adca_alpha` unchanged (the numbering the module docstring
+  states): update 0 has the full alpha, prm_steps - 1 is the last ADCA update, prm_steps the first GRPO one; and a
+  judgment about a trajectory's first step (`step_measures[0]`) lands on its first turn's advantage. Following the
+  old `adca_alpha` docstring (pass index + 1) gives update 0 a decayed alpha and update prm_steps - 1 alpha 0."""
+
+  def rollout(sample, reward, costs):
+    turns = len(costs) - 1
+    messages = [Message("user", "rules"), Message("assistant", "Ok."), Message("user", "Reach the goal.")]
+    for turn in range(turns):
+      messages += [Message("assistant", f"Action: a{turn}"), Message("user", f"o{turn}")]
+    measures = [{"before": {"cost_to_go": costs[i], "progress": None},
+                 "after": {"cost_to_go": costs[i + 1], "progress": None}} for i in range(turns)]
+    return Rollout(item_id="maze/train/0", messages=messages, env="maze", reward=reward, group=0, sample=sample,
+                   turns=turns, opening_len=3, step_rewards=[0.0] * (turns - 1) + [reward],
+                   state_keys=[f"s{sample}.{t}" for t in range(turns)], step_measures=measures)
+
+  # A success whose first step is GOOD (cost 2 -> 1) and second BAD, a failure the other way round.
+  rollouts = [rollout(0, 1.0, [2, 1, 2]), rollout(1, 0.0, [2, 3, 2])]
+  fn = credit.AdcaAdvantages(judge="oracle", prm_steps=4, cosine=True, alpha=0.2)
+  outs = [fn(rollouts, step=s) for s in range(5)]
+  assert [o.metrics["adca_active"] for o in outs] == [1.0, 1.0, 1.0, 1.0, 0.0]
+  assert [o.metrics["adca_alpha"] for o in outs[:4]] == pytest.approx(
+      [0.2, 0.1 * (1 + math.cos(math.pi / 4)), 0.1, 0.1 * (1 + math.cos(3 * math.pi / 4))], abs=1e-7)
+  # Step z-scores +-1 (each trajectory's mean is 0; sd = sqrt(.04 + 1e-8)), outcome z-scores +-1 on the last step:
+  # success r = [a, -a + 1] -> A = [1, 1 - a]; failure r = [-a, a - 1] -> A = [-1, a - 1], a = 0.2 at update 0.
+  # Labels read one step off (the judge's step 1 on turn 0) would give the success [1, 1 + a].
+  np.testing.assert_allclose(np.stack(outs[0].advantages), [[1.0, 0.8], [-1.0, -0.8]], atol=1e-5)
+  # Update prm_steps is GRPO's: +-0.5 / unbiased std sqrt(.5) on every turn.
+  np.testing.assert_allclose(np.stack(outs[4].advantages), [[0.5 ** 0.5] * 2, [-(0.5 ** 0.5)] * 2], atol=1e-5)
 
 
 @JIT

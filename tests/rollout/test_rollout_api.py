@@ -133,8 +133,10 @@ def test_engine_rounds_context_and_samples(endpoint):
     assert len(set(seeds)) == len(seeds) == 6  # per episode and turn
     _FakeEndpoint.mode = "context"
     batch = engine.run([Task("sql", 1, SPLIT)], RolloutConfig())
+    # The endpoint has no room for the opening itself: unscored (failed), reported as such.
     assert [(t.finish_reason, t.truncated, t.turns, t.failed) for t in batch.trajectories] == [
-        ("context", True, 0, False)]
+        ("opening", False, 0, True)]
+    assert batch.stats.opening_too_long == 1 and "no room for the opening" in batch.trajectories[0].error
     _FakeEndpoint.mode, _FakeEndpoint.faults = "expert", [503]  # no retries left: that episode fails, others go on
     batch = engine.run([Task("maze", 0, SPLIT), Task("maze", 1, SPLIT)], RolloutConfig(max_rounds=40))
     assert sorted(t.failed for t in batch.trajectories) == [False, True]

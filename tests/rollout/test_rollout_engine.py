@@ -190,6 +190,13 @@ def test_context_limit_and_cut_turns_end_episodes(engine, tok, cached):
   for t in out.trajectories:
     assert len(t.token_ids) + CONFIG.max_new_tokens <= limit
     assert t.truncated == (t.finish_reason == "context")
+  # An opening with no room for a first turn: not an episode of the policy, so unscored (failed) and counted.
+  shortest = min(t.prompt_len for t in cached.trajectories)
+  cramped = engine.run(TASKS, dataclasses.replace(CONFIG, max_context_tokens=shortest + CONFIG.max_new_tokens))
+  unstarted = [t for t in cramped.trajectories if t.finish_reason == "opening"]
+  assert unstarted and cramped.stats.opening_too_long == len(unstarted) < len(cramped.trajectories)
+  assert all(t.failed and t.turns == 0 and not t.success and "no room" in t.error for t in unstarted)
+  assert all(t.prompt_len > shortest for t in unstarted)
   ended = engine.run(TASKS, dataclasses.replace(CONFIG, cut_turn="end"))
   stops = end_of_turn_ids(tok)
   for t in ended.trajectories:

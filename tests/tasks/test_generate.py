@@ -1,4 +1,5 @@
-"""`generate_tasks`: explore, propose, filter, save, with stats; directly and through `python -m launch.train`."""
+"""`generate_tasks`: explore, propose, filter, save, with stats; directly and through `python -m launch.train` (there
+with the LLM proposer behind a loopback endpoint: its key from the environment, never in the configs written)."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import pytest
 
 from evolver.envs.base import TextEnv
 from evolver.tasks import filters, generate, taskset
+from tests.fake_http import JSONHandler, serving
 from tests.tasks import fakes
 from tests.subprocess_env import one_device_env
 
@@ -78,23 +80,47 @@ def test_generate_tasks_refuses_bad_settings(tmp_path, kwargs, message):
     generate.generate_tasks(model_dir=str(tmp_path), **dict(SMALL, **kwargs))
 
 
-def launch(model_dir, *bindings):
+def launch(model_dir, *bindings, env=None):
   cmd = [sys.executable, "-m", "launch.train", "--gin_file=gin_configs/tasks/selfq.gin",
          f"--gin_bindings=MODEL_DIR = '{model_dir}'", *[f"--gin_bindings={b}" for b in bindings]]
-  env = one_device_env()
+  env = one_device_env(base=env)
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, f"launch.train failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
   with open(os.path.join(model_dir, generate.STATS_FILE)) as f:
     return json.load(f)
 
 
-def test_selfq_gin_runs_through_launch_train(tmp_path):
-  stats = launch(tmp_path, "import tests.tasks.fakes", "generate_tasks.env_factory = @line_env_factory",
-                 "generate_tasks.envs = ['line']", "generate_tasks.world_start = 0", "generate_tasks.world_count = 40",
-                 "generate_tasks.worlds_per_env = 3", "generate_tasks.progress = False")
-  check_run(str(tmp_path), stats, ["line"])
-  assert stats["per_env"]["line"]["episodes"] == 6 and stats["explorer"] == "random"
-  assert (tmp_path / "operative_config.gin").exists() and (tmp_path / "config.gin").exists()
+class _FakeProposer(JSONHandler):
+  """An OpenAI-compatible endpoint whose model proposes one task the line env can check."""
+
+  requests = []
+
+  def do_POST(self):  # noqa: N802 (http.server's name)
+    body = self.read_json()
+    type(self).requests.append((self.headers.get("Authorization"), body["model"]))
+    task = {"query": "Walk two cells to the right", "confidence": 0.8, "action_sequence": ["right", "right"]}
+    self.send_json(200, {"choices": [{"message": {"role": "assistant", "content": json.dumps([task])}}]})
+
+
+def test_selfq_gin_runs_through_launch_train_with_an_endpoint_proposer(tmp_path):
+  key_env, key = "EVOLVER_TEST_PROPOSER_KEY", "sk-proposer-secret-0123"
+  _FakeProposer.requests = []
+  with serving(_FakeProposer) as url:
+    stats = launch(tmp_path, "import tests.tasks.fakes", "generate_tasks.env_factory = @line_env_factory",
+                   "generate_tasks.envs = ['line']", "generate_tasks.world_start = 0",
+                   "generate_tasks.world_count = 40", "generate_tasks.worlds_per_env = 3",
+                   "generate_tasks.progress = False",
+                   "generate_tasks.proposer = 'llm'", "generate_tasks.llm = @proposer/OpenAIGenerate()",
+                   f"proposer/OpenAIGenerate.base_url = '{url}/v1'", "proposer/OpenAIGenerate.model = 'fake-proposer'",
+                   f"proposer/OpenAIGenerate.api_key_env = '{key_env}'", env=dict(os.environ, **{key_env: key}))
+  records = check_run(str(tmp_path), stats, ["line"])
+  assert stats["per_env"]["line"]["episodes"] == 6 and stats["explorer"] == "random" and stats["proposer"] == "llm"
+  assert stats["llm"]["prompts"] == 6 and records and all(r.spec.goal == "Walk two cells to the right" for r in records)
+  assert _FakeProposer.requests and set(_FakeProposer.requests) == {(f"Bearer {key}", "fake-proposer")}
+  # The key travels in the Authorization header only: the configs the run wrote name its variable, never hold it.
+  for name in ("config.gin", "operative_config.gin"):
+    text = (tmp_path / name).read_text()
+    assert key_env in text and key not in text, name
 
 
 @pytest.mark.skipif(not ENV_API, reason="the built-in envs do not have the self-questioning API yet")
@@ -111,11 +137,3 @@ def test_the_task_generator_does_not_import_the_training_code():
             "print(sorted(m for m in sys.modules if m.startswith('evolver.train')))")
   proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
   assert proc.stdout.strip() == "[]"
-
-
-def test_the_llm_backends_gin_builds():
-  from tests.rollout.tiny_policy import tiny_model
-  backend = generate.openai_generate(base_url="http://127.0.0.1:9/v1/", model="m")
-  assert backend.url == "http://127.0.0.1:9/v1/chat/completions" and backend.model == "m"
-  local = generate.policy_generate(load_policy=lambda **_: tiny_model(), max_new_tokens=4, batch_size=2)
-  assert [isinstance(t, str) for t in local(["x", "y", "z"])] == [True] * 3

@@ -1,16 +1,14 @@
 """The experience pool in the GRPO loop (evolver/train/experience.py): openings per sample, samples kept or
-stripped per task with exp_mask exactly on the stripped ones, the HET-PPO metrics of both kinds of tokens, the
-pool growing between steps, and a resumed run retrieving what an unbroken one does.
+stripped per task with exp_mask exactly on the stripped ones, the HET-PPO metrics of both kinds of tokens, freq and
+utility alike in process and through the service, the experience budget. The whole run, killed and resumed:
+tests/train/test_agentevolver_run.py.
 
   python -m pytest tests/train/test_experience_rl.py -q
 """
 
+import collections
 import dataclasses
 import json
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -18,21 +16,22 @@ import pytest
 from evolver.data import batching
 from evolver.data.trajectory import Message
 from evolver.experience import manager as manager_lib
+from evolver.experience.embedders import HashingEmbedder
 from evolver.experience.records import TaskMemory
+from evolver.experience.service import ExperienceService, ServiceThread
+from evolver.experience.store import ExperienceStore
 from evolver.models.tokenizer import load_tokenizer
-from evolver.rollout import EpisodeOpening, RolloutConfig, RolloutEngine, Task
+from evolver.rollout import EpisodeOpening, Rollout, RolloutConfig, RolloutEngine, Task
 from evolver.rollout import OpeningChange
-from evolver.train import advantages, metrics as metrics_lib, rl
+from evolver.train import advantages, rl
 from evolver.train import extensions as extensions_lib
 from evolver.train.extensions import RLExtension, chain_openings
-from evolver.train.selfq import SyntheticTasks
+from evolver.train.synthetic_tasks import SyntheticTasks
 from evolver.train import optimizer as optimizer_lib
 from evolver.train.experience import ExperienceManager, task_groups
-from evolver.train.trainer import KILL_DURING_SAVE_ENV, Trainer, TrainerConfig
+from evolver.train.trainer import Trainer, TrainerConfig
 from tests.rollout.tiny_policy import tiny_model, tiny_sampler
-from tests.subprocess_env import one_device_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def manager(tmp_path, **kwargs):
@@ -73,27 +72,107 @@ def test_mixed_rollouts_get_experience_on_round_n_ratio_samples_of_each_task(tmp
   ext.close()
 
 
+def episode(opening, change, *, success, group, sample=0):
+  """A scored one-turn rollout of `opening` as `change` (an OpeningChange or None) left it."""
+  messages = list(change.messages if change else opening.messages)
+  return Rollout(item_id=f"maze_{opening.task.index}", messages=messages + [
+      Message("assistant", "Action: move up"), Message("user", "You moved up.")], env="maze",
+      task_index=opening.task.index, split="train", reward=float(success), success=success, turns=1, group=group,
+      sample=sample, opening_len=len(messages), base_opening=list(opening.messages) if change else None,
+      added=dict(change.added) if change else {})
+
+
 def test_the_manager_works_the_same_through_the_experience_service(tmp_path):
-  from evolver.experience.embedders import HashingEmbedder
-  from evolver.experience.service import ExperienceService, ServiceThread
-  from evolver.experience.store import ExperienceStore
   service = ExperienceService(ExperienceStore(str(tmp_path / "served")), HashingEmbedder())
   with ServiceThread(service) as server:
     ext = ExperienceManager(service_url=server.url, train_rollout_mode="all", retrieve_top_k=1, updated_freq=1,
-                            blocking=True, min_score=-1.0, seed=3)
+                            min_score=-1.0, seed=3)
     ext.start(model_dir=str(tmp_path / "run"), envs=["maze"], seed=3)
     batch = openings([1, 2], 2)
     assert ext.transform_openings(0, batch) == [None] * 4  # the served pool is empty
-    from evolver.rollout import Rollout
-    episode = Rollout(item_id="maze_1", messages=batch[0].messages + [Message("assistant", "Action: move up"),
-                                                                       Message("user", "You moved up.")],
-                      env="maze", task_index=1, split="train", reward=1.0, success=True, turns=1, group=0,
-                      opening_len=3)
-    row = ext.after_step(0, [episode])
-    assert row["summary/committed"] >= 1 and row["pool_size"] == -1
+    rollouts = [episode(batch[0], None, success=True, group=0)]
+    ext.before_update(0, rollouts)  # the summary starts here, during the update
+    row = ext.after_step(0, rollouts)  # and is in the pool when the step ends
+    assert row["summary/committed"] >= 1 and row["pool_size"] == row["summary/committed"]
     changes = ext.transform_openings(1, batch)
     assert all(c is not None and "<EXP>" in c.messages[-1].content for c in changes)  # found through the service
     ext.close()
+
+
+def test_task_groups_never_merge_when_a_reset_fails():
+  batch = openings([1, 2, 2], 3)
+  # Sample 0 of task 2 failed to reset: its samples 1 and 2 are a group of their own, and so are the three
+  # samples of the second draw of task 2 right after them (its sample 0 does not grow the index).
+  failed = [o for k, o in enumerate(batch) if k != 3]
+  assert task_groups(failed) == [[0, 1, 2], [3, 4], [5, 6, 7]]
+  assert task_groups([o for k, o in enumerate(batch) if k not in (0, 3)]) == [[0, 1], [2, 3], [4, 5, 6]]
+
+
+def test_freq_and_utility_mean_the_same_in_process_and_through_the_service(tmp_path):
+  """One definition on both paths: freq counts the scored training episodes a memory was given to, utility those
+  of them that succeeded, stamped with the step; a pool initialised from a library on both paths (the service
+  reads it from its own library directory)."""
+  library = tmp_path / "served" / "libraries" / "advice.jsonl"
+  library.parent.mkdir(parents=True)
+  memories = [TaskMemory(workspace_id="default", memory_id=f"m{i}", when_to_use=f"Map {i}: reach the goal at ({i}, 3).",
+                         content=f"Advice {i}") for i in range(3)]
+  library.write_text("".join(json.dumps(m.to_json()) + "\n" for m in memories))
+  common = dict(train_rollout_mode="mixed", rollout_ratio=0.5, retrieve_top_k=2, min_score=-1.0, seed=3)
+  served = ExperienceStore(str(tmp_path / "served"))
+  with ServiceThread(ExperienceService(served, HashingEmbedder())) as server:
+    local = ExperienceManager(store_dir=str(tmp_path / "local"), init_from=str(library), **common)
+    remote = ExperienceManager(service_url=server.url, init_from="advice.jsonl", **common)
+    for ext in (local, remote):
+      ext.start(model_dir=str(tmp_path / "run"), envs=["maze"], seed=3)
+      assert ext.size == 3
+    given, helped, given_at = collections.Counter(), collections.Counter(), []
+    for step in range(3):
+      batch = openings([1, 2], 4)
+      changes = local.transform_openings(step, batch)
+      assert remote.transform_openings(step, batch) == changes  # the same retrievals
+      rollouts = [episode(o, c, success=(k + step) % 3 == 0, group=k // 4, sample=o.sample)
+                  for k, (o, c) in enumerate(zip(batch, changes))]
+      rollouts[-1] = dataclasses.replace(rollouts[-1], failed=True)  # an errored episode counts nothing
+      given_at.append(collections.Counter(i for r in rollouts[:-1] for i in r.added.get("experience", [])))
+      given.update(given_at[-1])
+      helped.update(i for r in rollouts[:-1] if r.success for i in r.added.get("experience", []))
+      for ext in (local, remote):
+        ext.before_update(step, rollouts)
+        ext.after_step(step, rollouts)
+    stored = {"local": local.pool.workspace, "service": served.open("default")}
+    for path, workspace in stored.items():
+      counters = {m.memory_id: (m.metadata["freq"], m.metadata["utility"]) for m in workspace.all()}
+      assert counters == {f"m{i}": (given[f"m{i}"], helped[f"m{i}"]) for i in range(3)}, path
+      # Stamped with the step each change belongs to (the checkpoint after RL step 0 is step 1): a rewind to
+      # step 1 keeps exactly step 0's.
+      workspace.set_aside_after(1)
+      assert {m.memory_id: m.metadata["freq"] for m in workspace.all()} == {
+          f"m{i}": given_at[0][f"m{i}"] for i in range(3)}, path
+    assert sum(given.values()) > sum(helped.values()) > 0
+    for ext in (local, remote):
+      ext.close()
+
+
+def test_injected_experience_keeps_to_its_token_budget(tmp_path):
+  ext = manager(tmp_path, train_rollout_mode="all", retrieve_top_k=3, min_score=-1.0, max_experience_tokens=60)
+  long = " ".join(["Go north, then east, then check the walls before each move."] * 30)
+  remember(ext, "Map 1: reach the goal at (1, 3).", "Map 2: reach the goal at (2, 3).")
+  ext.pool.commit([TaskMemory(workspace_id="default", when_to_use="Map 1: reach the goal at (1, 3)!", content=long)])
+  changes = ext.transform_openings(0, openings([1], 2))
+  tokenizer = load_tokenizer()
+  for change in changes:
+    text = manager_lib.strip_experience(change.messages[-1].content)[1][0]
+    assert len(tokenizer.encode(text, add_special_tokens=False)) <= 60
+    assert text == change.added["experience_text"]
+  row = ext.after_step(0, [])
+  assert row["cut_memories"] >= 2 and row["cut_tokens"] > 300  # the long memory and what followed it
+  assert ext.after_step(1, [])["cut_memories"] == 0  # counted per step
+  unlimited = manager(tmp_path / "unlimited", train_rollout_mode="all", retrieve_top_k=3, min_score=-1.0,
+                      max_experience_tokens=None)
+  remember(unlimited, "Map 1: reach the goal at (1, 3).")
+  assert unlimited.transform_openings(0, openings([1], 1))[0] is not None
+  for e in (ext, unlimited):
+    e.close()
 
 
 @pytest.fixture(scope="module")
@@ -219,64 +298,3 @@ def test_the_grpo_update_logs_on_and_off_policy_losses(step_rollouts, tmp_path):
   trainer.close()
   assert row["exp_tokens"] > 0 and 0 < row["off_policy_fraction"] < 1
   assert np.isfinite(row["pg_loss_on"]) and np.isfinite(row["pg_loss_off"]) and row["pg_loss_off"] != 0
-
-
-# ----------------------------------------------------------------------------------------------------------
-# GRPO with init + train + update, killed and resumed.
-# ----------------------------------------------------------------------------------------------------------
-
-SMALL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelConfig.intermediate_size = 128",
-         "TaskSlices.val_count = 0"]
-
-
-def launch(gin_files, bindings, env=None, check=True):
-  run_env = one_device_env()  # one CPU device, as users run it
-  cmd = [sys.executable, "-m", "launch.train", *[f"--gin_file={f}" for f in gin_files],
-         *[f"--gin_bindings={b}" for b in bindings]]
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(run_env, **(env or {})),
-                        timeout=900)
-  if check and proc.returncode != 0:
-    raise AssertionError(f"launch.train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-  return proc
-
-
-def experience_rows(model_dir):
-  return {r["step"]: r for r in metrics_lib.read_metrics(str(model_dir)) if "experience/retrieved_digest" in r}
-
-
-@pytest.mark.slow
-def test_the_pool_grows_between_steps_and_a_resumed_run_retrieves_the_same(bc_checkpoint, tmp_path):
-  from launch import export  # SHARED_BC: a tiny BC run (the session's, tests/train/conftest.py), exported
-  export.main(["--model_dir", str(bc_checkpoint), "--out", str(tmp_path / "shared"), "--dtype", "bfloat16"])
-  files = ["gin_configs/experience/init_train_update.gin", "gin_configs/experience/hybrid.gin"]
-  common = [*SMALL, f"SHARED_BC = '{tmp_path / 'shared'}'", "TRAIN_STEPS = 3", "train_grpo.envs = ['maze', 'sql']",
-            "train_grpo.tasks_per_step = 2", "train_grpo.group_size = 4", "train_grpo.max_new_tokens = 16",
-            "train_grpo.max_rounds = 2", "TaskSlices.expert_count = 8", "ExperienceManager.blocking = True",
-            "TrainerConfig.checkpoint_every = 1"]
-  reference, killed = tmp_path / "reference", tmp_path / "killed"
-  # The reference run and the run that is killed are independent processes: they run side by side.
-  with ThreadPoolExecutor(2) as pool:
-    reference_run = pool.submit(launch, files, [*common, f"MODEL_DIR = '{reference}'"])
-    killed_run = pool.submit(launch, files, [*common, f"MODEL_DIR = '{killed}'"], env={KILL_DURING_SAVE_ENV: "4"},
-                             check=False)
-    proc = reference_run.result()
-    killed_proc = killed_run.result()
-  assert "initialised 'default' from 16 expert trajectories" in proc.stdout
-  rows = experience_rows(reference)
-  assert sorted(rows) == [1, 2, 3]
-  assert [rows[s]["experience/pool_size"] for s in (1, 2, 3)] == sorted(rows[s]["experience/pool_size"]
-                                                                         for s in (1, 2, 3))
-  assert rows[1]["experience/summary/committed"] > 0 and rows[1]["rollout/with_additions"] == 4
-  assert rows[1]["experience/retrieved_from_run"] == 0 and rows[3]["experience/retrieved_from_run"] > 0
-  assert all(rows[s]["exp_tokens"] > 0 for s in rows)  # hybrid: one of the two tasks strips
-  # Killed while saving RL step 2 (update 4), resumed: the pool is rewound to the checkpoint's step, and every
-  # step retrieves exactly what the unbroken run did.
-  assert killed_proc.returncode == -9, killed_proc.stderr[-2000:]
-  proc = launch(files, [*common, f"MODEL_DIR = '{killed}'"])
-  assert "resuming at step" in proc.stdout and "initialised" not in proc.stdout
-  resumed = experience_rows(killed)
-  for step in (1, 2, 3):
-    for key in ("experience/retrieved_digest", "experience/pool_size", "experience/retrieved_from_run"):
-      assert resumed[step][key] == rows[step][key], (step, key)
-    assert resumed[step]["loss"] == pytest.approx(rows[step]["loss"], rel=1e-5, abs=1e-7), step
-  assert json.loads((killed / "experience_run.json").read_text())["base"] == 0

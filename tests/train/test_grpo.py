@@ -146,7 +146,7 @@ def test_grpo_runs_from_a_bc_checkpoint_and_resumes(bc_checkpoint, tmp_path):
     parts = r["time/prefill_s"] + r["time/decode_s"] + r["time/select_s"] + r["time/rollout_compile_s"]
     assert 0 < parts <= r["time/rollout_s"] and r["time/env_s"] > 0
     # (floor_s is decode_s x packed steps / decode steps: exactly decode_s when no row idles, never above it)
-    assert 0 < r["rollout/floor_s"] <= r["time/decode_s"] and 0 <= r["rollout/idle_row_fraction"] < 1
+    assert 0 < r["time/rollout_floor_s"] <= r["time/decode_s"] and 0 <= r["rollout/idle_row_fraction"] < 1
     assert r["memory/peak_rss_gb"] >= r["memory/rss_gb"] > 0
   # The first step compiles every program (the sampler's before its episodes run, so the rollout itself compiles
   # nothing); the second compiles none.

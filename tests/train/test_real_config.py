@@ -102,7 +102,8 @@ def flat(value):
 
 for config in sys.argv[1:]:
   gin.clear_config()
-  gin_config.parse([config], ["MODEL_DIR = 'runs/x'", "HF_CHECKPOINT = '/nowhere/Qwen2.5-7B-Instruct'"])
+  gin_config.parse([config], ["MODEL_DIR = 'runs/x'", "HF_CHECKPOINT = '/nowhere/Qwen2.5-7B-Instruct'",
+                              "EXPERIENCE_SERVICE = 'http://10.0.0.2:8001'"])
   resolved = {name: gin.get_bindings(name) for name in ("run", "train_grpo", "het_ppo_loss_fn", "make_optimizer",
                                                         "init_policy")}
   assert not [v for v in flat(resolved) if v is gin.REQUIRED], (config, resolved)
@@ -119,7 +120,8 @@ for config in sys.argv[1:]:
       "mesh": [trainer.mesh_data, trainer.mesh_fsdp, trainer.mesh_tensor], "microbatches": trainer.num_microbatches,
       "num_minibatches": grpo.get("num_minibatches"), "params": model.num_params(), "dtype": model.dtype,
       "experience": {k: getattr(e, k) for e in grpo["extensions"] for k in ("train_rollout_mode", "rollout_ratio",
-                     "train_sample_mode", "retrieve_top_k", "updated_freq")}}))
+                     "train_sample_mode", "retrieve_top_k", "updated_freq")},
+      "service": {k: getattr(e, k) for e in grpo["extensions"] for k in ("service_url", "service_token_env")}}))
 """
 
 
@@ -168,3 +170,8 @@ def test_the_qwen7b_configs_carry_agentevolvers_recipe_and_their_mesh(resolved, 
   assert 7.6e9 < got["params"] < 7.7e9  # Qwen2.5-7B's shapes (what launch.aot compiles)
   assert got["mesh"] == mesh and got["tasks_per_step"] == tasks
   assert got["num_minibatches"] == num_minibatches and got["microbatches"] == microbatches
+  # Multi-host shares one pool through a service: the slice's config takes its URL (the macro) and the name of
+  # the environment variable holding its token; one host runs the in-process pool.
+  multi_host = mesh[0] * mesh[1] * mesh[2] > 8
+  assert got["service"] == ({"service_url": "http://10.0.0.2:8001", "service_token_env": "EVOLVER_EXPERIENCE_TOKEN"}
+                            if multi_host else {"service_url": None, "service_token_env": None})

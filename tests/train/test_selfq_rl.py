@@ -1,6 +1,6 @@
-"""Self-questioned tasks in the RL loop (evolver/train/selfq.py): the step's tasks drawn from the mixture, the
-synthetic set kept in checkpoints (a resumed run mixes the same tasks), rollouts grown into new tasks, and a
-synthetic task's ground truth as a trajectory (what can seed the experience pool)."""
+"""Self-questioned tasks in the RL loop (evolver/train/synthetic_tasks.py): the step's tasks drawn from the
+mixture, the synthetic set kept in checkpoints (a resumed run mixes the same tasks), rollouts grown into new tasks,
+and a synthetic task's ground truth as a trajectory (what can seed the experience pool)."""
 
 import random
 
@@ -10,7 +10,7 @@ from evolver import envs
 from evolver.data.trajectory import Message
 from evolver.rollout import Rollout, Task
 from evolver.tasks.taskset import SyntheticTask, ground_truth_trajectory, save_taskset
-from evolver.train.selfq import SyntheticTasks, rollout_actions
+from evolver.train.synthetic_tasks import SyntheticTasks, rollout_actions
 
 
 def explored_records(name, worlds, steps=15, seed=0):

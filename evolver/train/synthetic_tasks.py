@@ -73,8 +73,8 @@ class SyntheticTasks(RLExtension):
     self._filter: filters_lib.TaskFilter | None = None
     self._replay_envs: dict[str, Any] = {}
 
-  def start(self, *, model_dir: str, envs: Sequence[str], seed: int) -> None:
-    del model_dir
+  def start(self, *, model_dir: str, envs: Sequence[str], seed: int, tokenizer: Any = None) -> None:
+    del model_dir, tokenizer
     self.seed = seed
     slices = TaskSlices()
     originals = slice_tasks(envs, slices.explore_start, slices.explore_count)
@@ -110,7 +110,7 @@ class SyntheticTasks(RLExtension):
                                  use_original_tasks=self.use_original_tasks,
                                  synthetic_data_ratio=self.synthetic_data_ratio, seed=self.seed)
     row.update(proposed=len(proposals), added=len(added), synthetic_available=len(self.mixture.records),
-               regenerate_s=time.perf_counter() - started)
+               **{"time/regenerate_s": time.perf_counter() - started})
     return row
 
   def state_files(self) -> dict[str, bytes]:

@@ -1,0 +1,124 @@
+"""The full AgentEvolver config (gin_configs/runs/agentevolver.gin) run end to end on the tiny default: every
+mechanism acts within 2 RL steps (the experience pool, self-questioned tasks, ADCA step credit), two runs of one
+seed hold the same pool and log the same metrics at every step, and a run killed between steps resumes to exactly
+the pool (ids, contents, freq, utility, committed steps) and metrics of the unbroken one.
+
+One tiny run and its killed twin serve every test here (they run side by side, then the twin resumes).
+
+  python -m pytest tests/train/test_agentevolver_run.py -q
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from evolver.tasks.taskset import save_taskset
+from evolver.train import metrics as metrics_lib
+from evolver.train.trainer import KILL_DURING_SAVE_ENV
+from tests.subprocess_env import one_device_env
+from tests.train.test_selfq_rl import explored_records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelConfig.intermediate_size = 128",
+         "TaskSlices.val_count = 0"]
+
+# Per RL step the tiny GRPO takes ppo_epochs x num_minibatches = 2 updates: the save of RL step 2 is update 4.
+KILL_AT_UPDATE = "4"
+UNTIMED = ("time/", "memory/", "compile/")  # prefixes of what a run's timing, not its seed, decides
+
+
+def launch(gin_files, bindings, env=None, check=True):
+  cmd = [sys.executable, "-m", "launch.train", *[f"--gin_file={f}" for f in gin_files],
+         *[f"--gin_bindings={b}" for b in bindings]]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(one_device_env(), **(env or {})),
+                        timeout=900)  # one CPU device, as users run it
+  if check and proc.returncode != 0:
+    raise AssertionError(f"launch.train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+  return proc
+
+
+def metric_rows(model_dir):
+  """(the rows of the first process to log each step, the last row logged for each step)."""
+  first, last = {}, {}
+  for row in metrics_lib.read_metrics(str(model_dir)):
+    first.setdefault(row["step"], row)
+    last[row["step"]] = row
+  return first, last
+
+
+def seeded(row):
+  """The row's metrics that the seed decides (NaNs made comparable)."""
+  return {k: ("nan" if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()
+          if not k.startswith(UNTIMED) and k not in ("wall_s", "timestamp")}
+
+
+@pytest.fixture(scope="module")
+def runs(bc_checkpoint, tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("agentevolver")
+  from launch import export  # the shared BC checkpoint's role: a tiny BC run, exported
+  export.main(["--model_dir", str(bc_checkpoint), "--out", str(tmp / "shared"), "--dtype", "bfloat16"])
+  save_taskset(str(tmp / "tasks.jsonl"), explored_records("maze", 2))  # a small self-questioned task set
+  common = [*SMALL, f"SHARED_BC = '{tmp / 'shared'}'", "TRAIN_STEPS = 2", f"TASKSET = '{tmp / 'tasks.jsonl'}'",
+            "train_grpo.envs = ['maze', 'sql']", "train_grpo.tasks_per_step = 2", "train_grpo.group_size = 4",
+            "train_grpo.max_new_tokens = 16", "train_grpo.max_rounds = 2", "TaskSlices.expert_count = 8",
+            "TaskSlices.explore_count = 2",  # 4 originals beside the task set: the mixture draws both kinds
+            "SyntheticTasks.regenerate_every = 1", "ExperienceManager.log_pool_digest = True",
+            "AdcaAdvantages.skip_type = None",  # (AgentEvolver's yaml): judge every group, even at 0 success
+            "TrainerConfig.checkpoint_every = 1", "LoopConfig.eval_tasks = 0"]
+  files = ["gin_configs/runs/agentevolver.gin"]
+  reference, killed = tmp / "reference", tmp / "killed"
+  with ThreadPoolExecutor(2) as pool:  # independent processes: side by side
+    reference_run = pool.submit(launch, files, [*common, f"MODEL_DIR = '{reference}'"])
+    killed_run = pool.submit(launch, files, [*common, f"MODEL_DIR = '{killed}'"],
+                             env={KILL_DURING_SAVE_ENV: KILL_AT_UPDATE}, check=False)
+    reference_proc, killed_proc = reference_run.result(), killed_run.result()
+  assert killed_proc.returncode == -9, killed_proc.stderr[-2000:]
+  before_kill, _ = metric_rows(killed)
+  resumed_proc = launch(files, [*common, f"MODEL_DIR = '{killed}'"])
+  _, after_resume = metric_rows(killed)
+  return {"reference": metric_rows(reference)[1], "before_kill": before_kill, "resumed": after_resume,
+          "reference_stdout": reference_proc.stdout, "resumed_stdout": resumed_proc.stdout, "killed_dir": killed}
+
+
+def test_every_mechanism_acts_within_two_steps(runs):
+  rows = runs["reference"]
+  assert sorted(rows) == [1, 2]
+  assert "initialised 'default' from 16 expert trajectories" in runs["reference_stdout"]
+  for step in (1, 2):
+    row = rows[step]
+    assert row["experience/episodes_with"] > 0  # episodes ran with retrieved experience
+    assert row["experience/trained_with"] > 0  # hybrid: the keeping task's samples trained with it
+    assert row["exp_tokens"] > 0  # and the stripped ones trained off-policy
+    # Step credit judged every step. (At this size every episode fails and the oracle calls every step BAD, so the
+    # group-normalised step rewards are all 0 and ADCA leaves GRPO's advantages as they are: `changed_steps` says
+    # how many it moved, and it is measured, not assumed.)
+    assert row["credit/adca_active"] == 1.0 and row["credit/judged_steps"] > 0
+    assert row["credit/changed_steps"] == 0 or row["credit/good_fraction"] > 0
+    assert row["experience/summary/committed"] > 0  # the step's rollouts went into the pool
+  assert sum(rows[s]["synthetic_tasks/synthetic_in_step"] for s in rows) > 0  # self-questioned tasks were drawn
+  assert rows[1]["synthetic_tasks/proposed"] > 0  # and the policy's rollouts proposed more (regenerate_every 1)
+  assert rows[1]["experience/retrieved_from_run"] == 0 and rows[2]["experience/pool_size"] > \
+      rows[1]["experience/pool_size"] - rows[1]["experience/summary/committed"]
+
+
+def test_two_runs_of_one_seed_hold_the_same_pool_and_metrics_at_every_step(runs):
+  # The killed run logged both steps before it was killed (during the save of step 2): an unbroken run of the
+  # same seed, run at the same time as the reference (so with other timings).
+  reference, twin = runs["reference"], runs["before_kill"]
+  assert sorted(twin) == [1, 2]
+  for step in (1, 2):
+    assert seeded(twin[step]) == seeded(reference[step]), step
+
+
+def test_a_run_killed_between_steps_resumes_to_the_same_pool_and_metrics(runs):
+  assert "resuming at step 1" in runs["resumed_stdout"] and "initialised" not in runs["resumed_stdout"]
+  reference, resumed = runs["reference"], runs["resumed"]
+  for step in (1, 2):
+    assert resumed[step]["experience/pool_digest"] == reference[step]["experience/pool_digest"], step
+    assert seeded(resumed[step]) == seeded(reference[step]), step
+  assert json.loads((runs["killed_dir"] / "experience_run.json").read_text())["base"] == 0
