@@ -14,8 +14,8 @@
              numeric confidence or a list of string actions (`malformed`), and one whose replay reaches
              nothing (`reaches_nothing`).
 
-`generate(prompts) -> texts` is any batched LLM call: the in-process sampler wrapped, or
-`evolver.models.generate.OpenAIGenerate` for an OpenAI-compatible endpoint.
+`generate(prompts) -> texts` is any batched LLM call: an adapter of `evolver.models.generate` (an endpoint, a
+checkpoint, or the live policy inside an RL run).
 """
 
 from __future__ import annotations
@@ -27,10 +27,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from evolver.data.chat import end_of_turn_ids
 from evolver.envs.base import TaskSpec, action_text
-from evolver.models.sampler import Sampler, SamplingParams
-from evolver.rollout.turns import prompt_tokens
 from evolver.tasks.explore import EnvFactory, Exploration, check_explorable
 from evolver.tasks.filters import Candidate, words
 
@@ -256,41 +253,3 @@ def propose_llm(explorations: Sequence[Exploration], generate: Callable[[list[st
       if close is not None:
         close()
 
-
-class SamplerGenerate:
-  """`generate(prompts) -> texts` with the in-process policy: each prompt one user message through the chat
-  template, sampled `batch_size` prompts at a time until an end-of-turn token or `max_new_tokens`. A prompt
-  whose tokens and `max_new_tokens` would not fit the sampler's cache gets "" (no JSON: counted unparseable).
-
-  Args:
-    sampler: an `evolver.models.sampler.Sampler` (or a Decoder).
-    tokenizer: its tokenizer (with a chat template).
-    max_new_tokens, temperature, top_p: sampling.
-    batch_size: prompts per `generate` call.
-    seed: call k of this object samples with seed (seed, k) folded: repeated calls differ, runs repeat.
-  """
-
-  def __init__(self, sampler: Any, tokenizer: Any, *, max_new_tokens: int = 512, temperature: float = 0.7,
-               top_p: float = 1.0, batch_size: int = 16, seed: int = 0):
-    self.sampler = sampler if isinstance(sampler, Sampler) else Sampler(sampler)
-    self.tokenizer = tokenizer
-    self.params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                 stop_ids=end_of_turn_ids(tokenizer))
-    self.batch_size = batch_size
-    self.seed = seed
-    self._calls = 0
-
-  def __call__(self, prompts: list[str]) -> list[str]:
-    tokens = prompt_tokens(self.tokenizer, [[{"role": "user", "content": p}] for p in prompts])
-    fits = [len(t) + self.params.max_new_tokens <= self.sampler.max_length for t in tokens]
-    texts = [""] * len(prompts)
-    rows = [i for i, ok in enumerate(fits) if ok]
-    for first in range(0, len(rows), self.batch_size):
-      chunk = rows[first:first + self.batch_size]
-      seed = self.seed * 1_000_003 + self._calls * 4099 + first
-      out = self.sampler.generate([tokens[i] for i in chunk], self.params, seed=seed)
-      for i, sampled, stopped in zip(chunk, out.tokens, out.stopped):
-        sampled = list(sampled[:-1] if stopped else sampled)
-        texts[i] = self.tokenizer.decode(sampled, skip_special_tokens=True)
-    self._calls += 1
-    return texts

@@ -86,16 +86,6 @@ def test_choose_outcome_prefers_the_words_of_the_query_then_the_latest():
   assert propose.choose_outcome("go somewhere", outcomes).spec.target == {"cell": 3}
 
 
-def test_sampler_generate_turns_prompts_into_texts():
-  from evolver.models.tokenizer import load_tokenizer
-  from tests.rollout.tiny_policy import tiny_model, tiny_sampler
-  tok = load_tokenizer()
-  generate = propose.SamplerGenerate(tiny_sampler(tiny_model(tok)), tok, max_new_tokens=6, temperature=1.0,
-                                     batch_size=2)
-  texts = generate(["a", "b", "c"])
-  assert len(texts) == 3 and all(isinstance(t, str) for t in texts)
-
-
 def test_parse_reply_takes_the_outermost_json_in_prose():
   item = {"query": "q", "confidence": 0.5, "action_sequence": ["right"]}
   assert propose.parse_reply(f"My task: {json.dumps(item)} That is all.") == [item]
