@@ -37,8 +37,11 @@ came before, so a resumed run replies as an unbroken one. Temperature 0 (every a
 
 The live policy. An RL run serves the weights it trains for as long as it runs:
 
-  with generate_lib.live_policy(lambda: loop.engine):    # in evolver.train.rl.train_grpo, right after `loop = Loop(..)`
-    ...                                                  # the rest of train_grpo: ext.start, resume, loop.run, finish
+  with generate_lib.live_policy(lambda: loop.engine):
+    ...                                                  # ext.start, resume, loop.run, finish
+
+(`evolver.train.rl.train_grpo` does the same with `serve_live_policy` right after `loop = Loop(..)`, stopping in
+its `finally`.)
 
 `provider()` returns anything with `.sampler` (a `Sampler`) and `.tokenizer` (a `LivePolicy`, or the loop's
 `RolloutEngine`); it is called at every `LivePolicyGenerate` call. `loop.engine` holds the weights last put in by
@@ -48,7 +51,7 @@ first step (`ExperienceManager.init_from`), the starting policy. `LivePolicyGene
 run serves one (a task-generation job, `init_experience_pool`, a test). The roles share the sampler with the
 rollouts: role calls take turns (a lock), and the loop runs no rollout while one is in flight (the summarizer the
 update overlaps is collected in `after_step`, before the next step's rollouts). `serve_live_policy` does the same
-as the `with` for code that cannot hold a block open.
+as the `with` for code that does not hold a block open.
 """
 
 from __future__ import annotations
