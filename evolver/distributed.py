@@ -124,15 +124,16 @@ def to_host(x: jax.Array | np.ndarray) -> np.ndarray:
   return np.asarray(x)
 
 
-def local_copy(tree: Any) -> Any:
+def local_copy(tree: Any, mesh: jax.sharding.Mesh) -> Any:
   """A whole copy of a tree of global arrays on this process's own devices (gathering the pieces other hosts
-  hold), replicated over `local_mesh()`: what a host's own sampler runs with (`Sampler` samples on the mesh its
+  hold), replicated over `mesh` (a mesh of this process's devices, `models.sharding.local_mesh()`): what a host's
+  own sampler runs with (`Sampler` samples on the mesh its
   weights are on, re-placing them by its rules: rows split over the host's devices, nothing gathered per step).
   With one process (or arrays this process holds whole) the tree is returned as is."""
   leaves = jax.tree.leaves(tree)
   if jax.process_count() == 1 or all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves):
     return tree
-  here = jax.sharding.NamedSharding(local_mesh(), jax.sharding.PartitionSpec())
+  here = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
   def replicate(x):
     if not isinstance(x, jax.Array) or x.is_fully_addressable:
@@ -143,12 +144,6 @@ def local_copy(tree: Any) -> Any:
     return jax.device_put(x.addressable_data(0), here)
 
   return jax.tree.map(replicate, tree)
-
-
-def local_mesh() -> jax.sharding.Mesh:
-  """This process's devices as a (data, fsdp, tensor) mesh, all on `data`: a host's own sampling mesh."""
-  from evolver.models import sharding
-  return sharding.make_mesh(data=-1, fsdp=1, tensor=1, devices=jax.local_devices())
 
 
 def sort_by_group(items: Sequence[Any]) -> list[Any]:

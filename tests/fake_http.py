@@ -41,3 +41,25 @@ def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
   finally:
     server.shutdown()
     server.server_close()
+
+
+class EchoChat(JSONHandler):
+  """A fake OpenAI-compatible chat endpoint: answers "echo: <the first message>"; the model "broken" gets a 500.
+  Each request is kept in `requests` as (path, Authorization header or None, body)."""
+  requests: list[tuple[str, str | None, Any]] = []
+
+  def do_POST(self):  # noqa: N802 (http.server's name)
+    body = self.read_json()
+    type(self).requests.append((self.path, self.headers.get("Authorization"), body))
+    if body["model"] == "broken":
+      return self.send_json(500, {"error": {"message": "model crashed"}})
+    self.send_json(200, {"choices": [{"message": {"role": "assistant",
+                                                  "content": "echo: " + body["messages"][0]["content"]}}]})
+
+
+@contextlib.contextmanager
+def echo_chat() -> Iterator[str]:
+  """Serves `EchoChat` (its request log emptied) while the block runs; yields the base URL with /v1."""
+  EchoChat.requests = []
+  with serving(EchoChat) as url:
+    yield url + "/v1"

@@ -49,30 +49,16 @@ import dataclasses
 import json
 import secrets
 import sys
-import threading
 import time
 import traceback
 from typing import Any, Callable
 from urllib.parse import parse_qs
 
 from evolver.envs import base
+from evolver.json_http import MAX_HEADER_BYTES, HttpError, LoopThread, json_response, parse_head, serve
 
-MAX_HEADER_BYTES = 64 * 1024  # request line, header fields and the blank line that ends them
 MAX_BODY_BYTES = 1024 * 1024
 REQUEST_TIMEOUT_S = 30.0  # default time from a request's first byte to its last
-
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-            409: "Conflict", 411: "Length Required", 413: "Payload Too Large", 422: "Unprocessable Entity",
-            429: "Too Many Requests", 431: "Request Header Fields Too Large", 501: "Not Implemented"}
-
-
-class HttpError(Exception):
-  """An error answer: status code and message."""
-
-  def __init__(self, status: int, message: str):
-    super().__init__(message)
-    self.status = status
-    self.message = message
 
 
 class _Session:
@@ -328,15 +314,9 @@ class EnvService:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# HTTP/1.1 framing on asyncio.
+# HTTP/1.1 framing on asyncio (the head parse, answers and limits shared with the experience service:
+# `evolver.json_http`).
 # ----------------------------------------------------------------------------------------------------------
-
-
-def _response(status: int, payload: Any, keep_alive: bool, head_only: bool = False) -> bytes:
-  body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-  head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-          f"Content-Length: {len(body)}\r\n{'Connection: keep-alive' if keep_alive else 'Connection: close'}\r\n\r\n")
-  return head.encode("latin-1") + (b"" if head_only else body)
 
 
 class _HttpProtocol(asyncio.Protocol):
@@ -394,7 +374,7 @@ class _HttpProtocol(asyncio.Protocol):
     self._fail(408, f"the request was not complete within {self._request_timeout_s:g} s of its first byte")
 
   def _fail(self, status: int, message: str) -> None:
-    self._transport.write(_response(status, {"error": message}, keep_alive=False))
+    self._transport.write(json_response(status, {"error": message}, keep_alive=False))
     self._transport.close()
     self._buffer.clear()
 
@@ -405,34 +385,17 @@ class _HttpProtocol(asyncio.Protocol):
       if len(self._buffer) >= MAX_HEADER_BYTES:
         self._fail(431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
       return False
-    lines = self._buffer[:end].decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-      self._fail(400, "malformed request line")
+    try:
+      head = parse_head(self._buffer[:end])
+    except HttpError as error:
+      self._fail(error.status, error.message)
       return False
-    method, target, version = parts
-    length, keep_alive, expect_continue = 0, version == "HTTP/1.1", False
-    for line in lines[1:]:
-      name, _, value = line.partition(":")
-      name = name.strip().lower()
-      if name == "content-length":
-        value = value.strip()
-        if not (value.isascii() and value.isdigit()):  # 1*DIGIT, as HTTP says; int() would take "+5" and "1_0"
-          self._fail(400, "bad Content-Length")
-          return False
-        length = int(value)
-      elif name == "connection":
-        value = value.strip().lower()
-        keep_alive = value == "keep-alive" or (keep_alive and value != "close")
-      elif name == "transfer-encoding":
-        self._fail(411, "chunked bodies are not supported; send Content-Length")
-        return False
-      elif name == "expect":
-        expect_continue = value.strip().lower() == "100-continue"
+    length = head.content_length
     if length > MAX_BODY_BYTES:
       # Answer now, then swallow what the client still sends (up to a bound) so that it can read the answer.
       received = len(self._buffer) - end - 4
-      self._transport.write(_response(413, {"error": f"body larger than {MAX_BODY_BYTES} bytes"}, keep_alive=False))
+      self._transport.write(json_response(413, {"error": f"body larger than {MAX_BODY_BYTES} bytes"},
+                                          keep_alive=False))
       self._buffer.clear()
       self._discard = length - received
       if self._discard <= 0 or self._discard > 16 * MAX_BODY_BYTES:
@@ -441,7 +404,7 @@ class _HttpProtocol(asyncio.Protocol):
       return False
     total = end + 4 + length
     if len(self._buffer) < total:
-      if expect_continue and not self._sent_continue:
+      if head.expect_continue and not self._sent_continue:
         self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self._sent_continue = True
       return False
@@ -449,9 +412,9 @@ class _HttpProtocol(asyncio.Protocol):
     del self._buffer[:total]
     self._sent_continue = False
     self._disarm()  # the next request's clock starts with its own bytes
-    status, payload = self._service.handle(method, target, body)
-    self._transport.write(_response(status, payload, keep_alive, head_only=method == "HEAD"))
-    if not keep_alive:
+    status, payload = self._service.handle(head.method, head.target, body)
+    self._transport.write(json_response(status, payload, head.keep_alive, head_only=head.method == "HEAD"))
+    if not head.keep_alive:
       self._transport.close()
       return False
     return True
@@ -516,54 +479,18 @@ class EnvServer:
     self.service.close_all()
 
   async def serve_forever(self, on_ready: Callable[[int], None] | None = None) -> None:
-    await self.start()
-    if on_ready is not None:
-      on_ready(self.port)
-    try:
-      await asyncio.Event().wait()
-    finally:
-      await self.stop()
+    """Binds, calls `on_ready(port)`, and serves until cancelled (`json_http.serve`)."""
+    await serve(self, on_ready)
 
 
-class ServerThread:
-  """An `EnvServer` on its own event loop in a daemon thread (tests, notebooks, in-process benchmarks).
+class ServerThread(LoopThread[EnvServer]):
+  """An `EnvServer` on its own event loop in a daemon thread (tests, notebooks, in-process benchmarks); `port`,
+  `url`, `stop()` and the context manager come from `LoopThread`.
 
     with ServerThread("maze") as server:
       env = RemoteEnv(server.url)
   """
 
   def __init__(self, env_name: str | None = None, **kwargs):
-    self.server = EnvServer(env_name, **kwargs)
-    self._loop = asyncio.new_event_loop()
-    self._ready = threading.Event()
-    self._thread = threading.Thread(target=self._run, name=f"env-server-{env_name}", daemon=True)
-    self._thread.start()
-    if not self._ready.wait(timeout=60):
-      raise RuntimeError("env server did not start within 60 s")
-
-  def _run(self) -> None:
-    asyncio.set_event_loop(self._loop)
-    self._loop.run_until_complete(self.server.start())
-    self._ready.set()
-    self._loop.run_forever()
-    self._loop.run_until_complete(self.server.stop())
-    self._loop.close()
-
-  @property
-  def port(self) -> int:
-    return self.server.port
-
-  @property
-  def url(self) -> str:
-    return f"http://{self.server.host}:{self.server.port}"
-
-  def stop(self) -> None:
-    if self._thread.is_alive():
-      self._loop.call_soon_threadsafe(self._loop.stop)
-      self._thread.join(timeout=30)
-
-  def __enter__(self) -> "ServerThread":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.stop()
+    """`env_name` and `kwargs` as `EnvServer`'s."""
+    super().__init__(EnvServer(env_name, **kwargs), name=f"env-server-{env_name}", label="env server")

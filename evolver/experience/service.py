@@ -72,18 +72,17 @@ import json
 import math
 import os
 import sys
-import threading
 import traceback
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from evolver.envs.server import MAX_HEADER_BYTES, HttpError
 from evolver.experience import manager
 from evolver.experience.records import ExperienceError, TaskMemory, check_workspace_id
 from evolver.experience.summarizer import (ExtractiveSummarizer, Summarizer, SummarizerUnavailable, SummaryResult,
                                            pool_size, summarize_and_commit, trajectory_payload)
+from evolver.json_http import MAX_HEADER_BYTES, HttpError, LoopThread, json_response, parse_head, serve
 
 DEFAULT_TOP_K = 3  # ReMe's RecallVectorStoreOp default
 MAX_TOP_K = 100
@@ -97,10 +96,6 @@ RETRY_AFTER_S = 1  # what a connection past the cap is told to wait
 LINGER_S = 2.0  # how long a refused connection's input is drained before the close (see `_refuse`)
 VECTOR_STORE_ACTIONS = ("list", "count", "dump", "load", "delete", "delete_ids", "copy")
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict", 411: "Length Required",
-            413: "Payload Too Large", 422: "Unprocessable Entity", 431: "Request Header Fields Too Large",
-            503: "Service Unavailable"}
 _UNAUTHORIZED = "this service needs the header 'Authorization: Bearer <token>' with its token"
 
 
@@ -777,18 +772,8 @@ class ExperienceService:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# HTTP/1.1 on asyncio streams (the env server's rules: keep-alive, Content-Length bodies, JSON errors).
+# HTTP/1.1 on asyncio streams (the head parse, answers and limits shared with the env server: `evolver.json_http`).
 # ----------------------------------------------------------------------------------------------------------
-
-
-def _response(status: int, payload: Any, keep_alive: bool, head_only: bool = False,
-              headers: Mapping[str, str] | None = None) -> bytes:
-  body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-  extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
-  head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-          f"Content-Length: {len(body)}\r\n{extra}"
-          f"{'Connection: keep-alive' if keep_alive else 'Connection: close'}\r\n\r\n")
-  return head.encode("latin-1") + (b"" if head_only else body)
 
 
 class ExperienceServer:
@@ -843,13 +828,8 @@ class ExperienceServer:
     self._workers.shutdown(wait=False, cancel_futures=True)
 
   async def serve_forever(self, on_ready: Callable[[int], None] | None = None) -> None:
-    await self.start()
-    if on_ready is not None:
-      on_ready(self.port)
-    try:
-      await asyncio.Event().wait()
-    finally:
-      await self.stop()
+    """Binds, calls `on_ready(port)`, and serves until cancelled (`json_http.serve`)."""
+    await serve(self, on_ready)
 
   async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     task = asyncio.current_task()
@@ -879,7 +859,7 @@ class ExperienceServer:
     """Answers `status` without reading the request, then closes the connection. What the client still sends is
     read and dropped until it closes (at most LINGER_S): closing with unread input would send a TCP reset, which
     can reach the client before it has read the answer. Returns False (the connection is done)."""
-    writer.write(_response(status, _error(message), keep_alive=False, headers=headers))
+    writer.write(json_response(status, _error(message), keep_alive=False, headers=headers))
     await writer.drain()
     if writer.can_write_eof():
       writer.write_eof()
@@ -889,7 +869,7 @@ class ExperienceServer:
         pass
     return False
 
-  def _authorized(self, authorization: list[str]) -> bool:
+  def _authorized(self, authorization: Sequence[str]) -> bool:
     """Whether the request's Authorization headers are exactly one `Bearer <token>` with this server's token."""
     if self._token is None:
       return True
@@ -901,7 +881,7 @@ class ExperienceServer:
     return same and scheme.lower() == "bearer"
 
   async def _fail(self, writer: asyncio.StreamWriter, status: int, message: str) -> bool:
-    writer.write(_response(status, _error(message), keep_alive=False))
+    writer.write(json_response(status, _error(message), keep_alive=False))
     await writer.drain()
     return False
 
@@ -917,91 +897,37 @@ class ExperienceServer:
       return await self._fail(writer, 431, f"request headers larger than {MAX_HEADER_BYTES} bytes")
     except asyncio.TimeoutError:
       return False
-    lines = head[:-4].decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-      return await self._fail(writer, 400, "malformed request line")
-    method, target, version = parts
-    length, keep_alive, expect_continue, authorization = 0, version == "HTTP/1.1", False, []
-    for line in lines[1:]:
-      name, _, value = line.partition(":")
-      name, value = name.strip().lower(), value.strip()
-      if name == "content-length":
-        if not (value.isascii() and value.isdigit()):  # 1*DIGIT: '²'.isdigit() is True and int('²') raises
-          return await self._fail(writer, 400, "bad Content-Length")
-        length = int(value)
-      elif name == "connection":
-        keep_alive = value.lower() == "keep-alive" or (keep_alive and value.lower() != "close")
-      elif name == "transfer-encoding":
-        return await self._fail(writer, 411, "chunked bodies are not supported; send Content-Length")
-      elif name == "expect":
-        expect_continue = value.lower() == "100-continue"
-      elif name == "authorization":
-        authorization.append(value)
-    if not self._authorized(authorization):  # before the body is read: a stranger's body costs nothing
+    try:
+      request = parse_head(head[:-4])
+    except HttpError as error:
+      return await self._fail(writer, error.status, error.message)
+    length = request.content_length
+    if not self._authorized(request.authorization):  # before the body is read: a stranger's body costs nothing
       return await self._refuse(reader, writer, 401, _UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
     if length > self.max_body_bytes:
       return await self._fail(writer, 413, f"body larger than {self.max_body_bytes} bytes")
-    if expect_continue and length:
+    if request.expect_continue and length:
       writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     try:
       body = await asyncio.wait_for(reader.readexactly(length), self.request_timeout_s) if length else b""
     except asyncio.TimeoutError:
       return await self._fail(writer, 408, f"the body did not arrive within {self.request_timeout_s:g} s")
     loop = asyncio.get_running_loop()
-    status, payload = await loop.run_in_executor(self._workers, self.service.handle, method, target, body)
-    writer.write(_response(status, payload, keep_alive, head_only=method == "HEAD"))
+    status, payload = await loop.run_in_executor(self._workers, self.service.handle, request.method, request.target,
+                                                 body)
+    writer.write(json_response(status, payload, request.keep_alive, head_only=request.method == "HEAD"))
     await writer.drain()
-    return keep_alive
+    return request.keep_alive
 
 
-class ServiceThread:
-  """An `ExperienceServer` on its own event loop in a daemon thread (tests, notebooks, an in-process service).
+class ServiceThread(LoopThread[ExperienceServer]):
+  """An `ExperienceServer` on its own event loop in a daemon thread (tests, notebooks, an in-process service);
+  `port`, `url`, `stop()` and the context manager come from `LoopThread`.
 
     with ServiceThread(ExperienceService(store, embedder)) as server:
       client = ExperienceClient(server.url)
   """
 
   def __init__(self, service: ExperienceService, **kwargs):
-    self.server = ExperienceServer(service, **kwargs)
-    self._loop = asyncio.new_event_loop()
-    self._ready = threading.Event()
-    self._failure: BaseException | None = None
-    self._thread = threading.Thread(target=self._run, name="experience-server", daemon=True)
-    self._thread.start()
-    if not self._ready.wait(timeout=60):
-      raise RuntimeError("the experience server did not start within 60 s")
-    if self._failure is not None:
-      raise RuntimeError(f"the experience server did not start: {self._failure}") from self._failure
-
-  def _run(self) -> None:
-    asyncio.set_event_loop(self._loop)
-    try:
-      self._loop.run_until_complete(self.server.start())
-    except BaseException as error:  # reported by __init__
-      self._failure = error
-      self._ready.set()
-      return
-    self._ready.set()
-    self._loop.run_forever()
-    self._loop.run_until_complete(self.server.stop())
-    self._loop.close()
-
-  @property
-  def port(self) -> int:
-    return self.server.port
-
-  @property
-  def url(self) -> str:
-    return f"http://{self.server.host}:{self.server.port}"
-
-  def stop(self) -> None:
-    if self._thread.is_alive():
-      self._loop.call_soon_threadsafe(self._loop.stop)
-      self._thread.join(timeout=30)
-
-  def __enter__(self) -> "ServiceThread":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.stop()
+    """`service` and `kwargs` as `ExperienceServer`'s."""
+    super().__init__(ExperienceServer(service, **kwargs), name="experience-server", label="the experience server")

@@ -81,6 +81,11 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
   return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
 
 
+def local_mesh() -> Mesh:
+  """This process's devices as a (data, fsdp, tensor) mesh, all on `data`: a host's own sampling mesh."""
+  return make_mesh(data=-1, fsdp=1, tensor=1, devices=jax.local_devices())
+
+
 def logical_to_spec(logical_axes: Sequence[str | None], rules=None, mesh: Mesh | None = None) -> PartitionSpec:
   """Maps logical axis names to a PartitionSpec; a mesh axis is used at most once, size-1 axes are dropped."""
   table = dict(rules if rules is not None else _ACTIVE.rules)

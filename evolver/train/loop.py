@@ -51,6 +51,7 @@ from transformers import PreTrainedTokenizerBase
 from evolver import distributed
 from evolver import paths
 from evolver import runtime
+from evolver.models import sharding
 from evolver.models.sampler import Sampler
 from evolver.rollout import OpeningTransform, RolloutEngine
 from evolver.train import checkpoints as ckpt_lib
@@ -174,7 +175,7 @@ class Loop:
     """The run's rollout engine (one Sampler for every evaluation and the algorithm's rollouts, so compiled
     programs are reused). Its weights are whatever was put in last: call `sync_policy` first."""
     if self._engine is None:
-      policy = nnx.merge(self.trainer.graphdef, distributed.local_copy(self.trainer.policy_params()))
+      policy = nnx.merge(self.trainer.graphdef, self._local_policy_params())
       self._engine = RolloutEngine(Sampler(policy, max_length=self.config.max_context_tokens), self.tokenizer)
     return self._engine
 
@@ -183,8 +184,11 @@ class Loop:
     `ModelConfig.param_dtype` (`Trainer.policy_params`; in a multi-process run, a whole copy on this process's
     devices, `distributed.local_copy`: each host samples its own episodes); returns the engine."""
     engine = self.engine
-    engine.sampler.update_params(distributed.local_copy(self.trainer.policy_params(params)))
+    engine.sampler.update_params(self._local_policy_params(params))
     return engine
+
+  def _local_policy_params(self, params: nnx.State | None = None) -> nnx.State:
+    return distributed.local_copy(self.trainer.policy_params(params), sharding.local_mesh())
 
   def resume(self) -> dict[str, Any]:
     """Restores the latest complete checkpoint (if any) with the state owners' files, and opens the metrics.

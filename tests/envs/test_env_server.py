@@ -8,7 +8,8 @@ import pytest
 
 from evolver import envs
 from evolver.envs.remote import RemoteEnv
-from evolver.envs.server import MAX_HEADER_BYTES, ServerThread
+from evolver.envs.server import ServerThread
+from evolver.json_http import MAX_HEADER_BYTES
 
 from tests.envs.helpers import request
 

@@ -16,7 +16,7 @@ from evolver.experience.pool import ExperiencePool
 from evolver.experience.store import ExperienceStore
 from evolver.models.generate import OpenAIGenerate
 from tests.experience.helpers import GOAL, LOSE, WIN, conversation
-from tests.fake_http import JSONHandler, serving
+from tests.fake_http import EchoChat, echo_chat
 
 
 def episode(goal, actions, score, task_id="", env="maze", final="Done.", item_id=""):
@@ -243,26 +243,10 @@ def test_parse_json_output():
 # -- the OpenAI-compatible adapter against a tiny local server -------------------------------------------------
 
 
-class _FakeOpenAI(JSONHandler):
-  requests = []
-
-  def do_POST(self):  # noqa: N802 (http.server's name)
-    body = self.read_json()
-    type(self).requests.append((self.path, self.headers.get("Authorization"), body))
-    if body["model"] == "broken":
-      self.send_response(500)
-      self.end_headers()
-      self.wfile.write(b'{"error": "model crashed"}')
-      return
-    answer = {"choices": [{"message": {"role": "assistant", "content": "echo: " + body["messages"][0]["content"]}}]}
-    self.send_json(200, answer)
-
-
 @pytest.fixture()
 def fake_openai():
-  _FakeOpenAI.requests = []
-  with serving(_FakeOpenAI) as url:
-    yield url + "/v1"
+  with echo_chat() as url:
+    yield url
 
 
 def test_llm_summarizer_through_the_adapter(fake_openai):
@@ -271,7 +255,7 @@ def test_llm_summarizer_through_the_adapter(fake_openai):
   assert summarizer.author == "tiny"  # the adapter's model writes the memories
   result = summarizer.summarize([episode(GOAL, WIN, 1.0), episode(GOAL, LOSE, 0.0)], "w")
   assert result.memories == [] and result.stats["unparseable"] == 3
-  assert _FakeOpenAI.requests[0][2]["temperature"] == 0.0  # greedy by default
+  assert EchoChat.requests[0][2]["temperature"] == 0.0  # greedy by default
 
 
 def test_an_endpoint_that_fails_makes_the_summarizer_unavailable(fake_openai):

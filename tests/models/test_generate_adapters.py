@@ -11,7 +11,7 @@ from evolver.models import generate
 from evolver.models.openai_api import APIUnavailable, api_key_from_env
 from evolver.models.tokenizer import load_tokenizer
 from evolver.rollout import RolloutEngine
-from tests.fake_http import JSONHandler, serving
+from tests.fake_http import EchoChat, echo_chat
 from tests.rollout.tiny_policy import tiny_model, tiny_sampler
 
 KEY_ENV = "EVOLVER_TEST_GENERATE_KEY"
@@ -20,23 +20,10 @@ PROMPTS = ["Summarize: the door was locked.", "Judge: step 0 moved east.", "Prop
 # -- an OpenAI-compatible endpoint --------------------------------------------------------------------------------
 
 
-class _FakeOpenAI(JSONHandler):
-  requests = []
-
-  def do_POST(self):  # noqa: N802 (http.server's name)
-    body = self.read_json()
-    type(self).requests.append((self.path, self.headers.get("Authorization"), body))
-    if body["model"] == "broken":
-      return self.send_json(500, {"error": {"message": "model crashed"}})
-    self.send_json(200, {"choices": [{"message": {"role": "assistant",
-                                                  "content": "echo: " + body["messages"][0]["content"]}}]})
-
-
 @pytest.fixture()
 def endpoint():
-  _FakeOpenAI.requests = []
-  with serving(_FakeOpenAI) as url:
-    yield url + "/v1"
+  with echo_chat() as url:
+    yield url
 
 
 def test_the_endpoint_adapter_sends_the_key_from_the_named_variable(endpoint, monkeypatch):
@@ -45,13 +32,13 @@ def test_the_endpoint_adapter_sends_the_key_from_the_named_variable(endpoint, mo
                                     seed=5, timeout_s=10)
   assert adapter(PROMPTS) == [f"echo: {p}" for p in PROMPTS] and adapter([]) == []
   assert adapter.url == endpoint + "/chat/completions" and adapter.model == "tiny" and adapter.api_key_env == KEY_ENV
-  path, auth, body = _FakeOpenAI.requests[0]
+  path, auth, body = EchoChat.requests[0]
   assert path == "/v1/chat/completions" and auth == "Bearer sk-from-the-environment"
   assert body["messages"] == [{"role": "user", "content": body["messages"][0]["content"]}]
   assert body["max_tokens"] == 7 and body["temperature"] == 0.3 and body["seed"] == 5
-  _FakeOpenAI.requests = []
+  EchoChat.requests = []
   assert generate.OpenAIGenerate(endpoint, "tiny", timeout_s=10)(["x"]) == ["echo: x"]
-  assert _FakeOpenAI.requests[0][1] is None  # no api_key_env: no key sent
+  assert EchoChat.requests[0][1] is None  # no api_key_env: no key sent
 
 
 @pytest.mark.parametrize("value", [None, ""])
@@ -88,7 +75,7 @@ def test_gin_records_the_variable_name_never_the_key(endpoint, monkeypatch):
                       f"judge/OpenAIGenerate.base_url = '{endpoint}'", "judge/OpenAIGenerate.model = 'tiny'",
                       f"judge/OpenAIGenerate.api_key_env = '{KEY_ENV}'"])
   try:
-    assert role() == ["echo: hello"] and _FakeOpenAI.requests[0][1] == "Bearer sk-never-in-a-config"
+    assert role() == ["echo: hello"] and EchoChat.requests[0][1] == "Bearer sk-never-in-a-config"
     for text in (gin.config_str(), gin.operative_config_str()):
       assert KEY_ENV in text and "sk-never-in-a-config" not in text
   finally:
