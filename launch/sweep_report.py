@@ -1,0 +1,613 @@
+"""A sweep's results in one place: `python -m launch.sweep --root ROOT --report [--baseline POINT]` calls `report`.
+
+It reads (and never changes) what the sweep's jobs left, through the path layer (`evolver.paths`: ROOT may be a
+local directory, a `gs://` URI, or an archived copy under results/ that holds records only, no checkpoints):
+
+  ROOT/sweep.json               {"version": 1, "gin_files", "gin_bindings", "seeds", "axes", "jobs": [...]}: every
+                                job in grid order, each {"name": "POINT/seed=S", "point": POINT, "seed": S,
+                                "swept": {short name: value text as in the directory name}, ...}
+  ROOT/POINT/seed=S/            a job's directory (its `name`), holding any of:
+    job_status.json             {"state": "done" | "failed" | "interrupted", "returncode", "wall_s", "log_tail"}
+    eval_results.json           the held-out evaluation (`evolver.train.evaluation.write_eval_results`, with the
+                                train loop's `policy_step` and `selected_on`): greedy when num_samples == 1 and
+                                temperature == 0, else sampled avg@k (k = num_samples)
+    eval_samples.json           the same format: the sampled avg@k evaluation beside the greedy one
+    metrics.jsonl               one JSON object per line: `step` and metrics (`rollout/success`,
+                                `memory/peak_rss_gb`, ...); a step written again (after a resume) takes the later
+                                values
+
+A job's state is its job_status.json's; without one (a job a scheduler ran from its bare `launch.train` line) it
+is "done" where it wrote its evaluation, "incomplete" where it wrote only metrics, else "missing". A job's held-out figures count wherever an evaluation is recorded, except for a job
+whose status says failed or interrupted (its evaluation, if any, is left from an earlier attempt).
+
+What it writes (success figures are fractions of episodes in [0, 1]):
+
+  ROOT/results.csv    one row per job, in sweep.json's order (`csv_columns`); empty cells where nothing is recorded
+  ROOT/results.md     one row per grid point: each env's and the overall held-out greedy success as mean +- sample
+                      std over the seeds with a result, each seed's overall figure, avg@k where recorded and, with a
+                      baseline point, the paired bootstrap 95% interval of (point - baseline) overall success; the
+                      best point is marked where its gain is larger than the seed spread and the interval is above 0
+  ROOT/plots/success_<env|overall>.png   success against the first swept name, one line per value of the others
+  ROOT/plots/curve_rollout_<success|reward>.png   learning curves against the step, one line per job
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from evolver import paths
+from launch.sweep import DEFINITION_FILE as SWEEP_FILE
+from launch.sweep import STATUS_FILE
+
+EVAL_FILE = "eval_results.json"
+SAMPLES_FILE = "eval_samples.json"
+METRICS_FILE = "metrics.jsonl"
+STATES = ("done", "failed", "interrupted", "incomplete", "missing")
+NO_RESULT_STATES = ("failed", "interrupted")   # a recorded evaluation of these is stale: not counted
+CURVE_METRICS = ("rollout/success", "rollout/reward")
+NUM_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+BEST_MARK = "(*)"
+
+
+@dataclasses.dataclass
+class JobRecord:
+  """What one job left: its sweep.json entry's fields, its state and its (parsed) files; None where absent."""
+  name: str
+  point: str
+  seed: int
+  swept: dict[str, str]
+  state: str
+  status: dict[str, Any] | None
+  greedy: dict[str, Any] | None       # the greedy held-out evaluation
+  sampled: dict[str, Any] | None      # the sampled avg@k held-out evaluation
+  metrics: dict[int, dict[str, Any]]  # step -> metrics
+
+  @property
+  def counted(self) -> bool:
+    """Whether its held-out figures count (module docstring)."""
+    return self.state not in NO_RESULT_STATES
+
+
+# ---------------------------------------------------------------------------------------------------------- reading
+
+
+def _read_json(path) -> dict[str, Any] | None:
+  """A JSON object from `path`; None where the file is absent or unreadable (a partial copy)."""
+  try:
+    if not path.exists():
+      return None
+    data = json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+  return data if isinstance(data, dict) else None
+
+
+def load_sweep(root: paths.PathLike) -> dict[str, Any]:
+  """ROOT/sweep.json. Raises FileNotFoundError without one, ValueError where it lists no jobs."""
+  path = paths.as_path(root) / SWEEP_FILE
+  if not path.exists():
+    raise FileNotFoundError(f"{path}: no sweep here (launch.sweep writes sweep.json when it starts)")
+  spec = json.loads(path.read_text())
+  if not spec.get("jobs"):
+    raise ValueError(f"{path} lists no jobs")
+  return spec
+
+
+def parse_metrics(text: str) -> dict[int, dict[str, Any]]:
+  """metrics.jsonl's text as step -> metrics, steps in increasing order. A step on several lines takes the values of
+  the later lines (a resumed run writes its steps again), key by key. Blank lines, a partial last line and lines
+  without a step are skipped."""
+  by_step: dict[int, dict[str, Any]] = {}
+  for line in text.splitlines():
+    line = line.strip()
+    if not line:
+      continue
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue
+    if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)):
+      continue
+    step = int(row["step"])
+    by_step.setdefault(step, {}).update({k: v for k, v in row.items() if k != "step"})
+  return dict(sorted(by_step.items()))
+
+
+def read_metrics(path: paths.PathLike) -> dict[int, dict[str, Any]]:
+  """`parse_metrics` of the file at `path` ({} where there is none)."""
+  path = paths.as_path(path)
+  try:
+    return parse_metrics(path.read_text()) if path.exists() else {}
+  except OSError:
+    return {}
+
+
+def is_greedy(results: Mapping[str, Any]) -> bool:
+  """Whether an evaluation is greedy: one sample per task at temperature 0."""
+  return int(results.get("num_samples", 1)) == 1 and float(results.get("temperature", 0.0)) == 0.0
+
+
+def job_state(status: Mapping[str, Any] | None, has_metrics: bool, has_eval: bool) -> str:
+  """The job's state: job_status.json's; without one (a job a scheduler ran from its bare `launch.train` line)
+  "done" where it wrote its held-out evaluation (a run writes it at its end), "incomplete" where it wrote only
+  metrics, else "missing" (it has not run)."""
+  if status is not None:
+    state = str(status.get("state", ""))
+    return state if state in STATES else "incomplete"
+  return "done" if has_eval else "incomplete" if has_metrics else "missing"
+
+
+def read_job(root: paths.PathLike, job: Mapping[str, Any]) -> JobRecord:
+  """One job's record from ROOT/<job name>. Of its evaluations, the greedy one is the greedy figures' source and the
+  sampled one (eval_samples.json, else a sampled eval_results.json) the avg@k source."""
+  job_dir = paths.as_path(root) / job["name"]
+  status = _read_json(job_dir / STATUS_FILE)
+  evals = [e for e in (_read_json(job_dir / EVAL_FILE), _read_json(job_dir / SAMPLES_FILE)) if e is not None]
+  greedy = next((e for e in evals if is_greedy(e)), None)
+  sampled = next((e for e in reversed(evals) if not is_greedy(e)), None)
+  metrics = read_metrics(job_dir / METRICS_FILE)
+  state = job_state(status, bool(metrics), bool(evals))
+  return JobRecord(name=job["name"], point=job["point"], seed=int(job["seed"]),
+                   swept={str(k): str(v) for k, v in job.get("swept", {}).items()}, state=state, status=status,
+                   greedy=greedy, sampled=sampled, metrics=metrics)
+
+
+def read_jobs(root: paths.PathLike, spec: Mapping[str, Any]) -> list[JobRecord]:
+  """Every job of the sweep, in sweep.json's order."""
+  return [read_job(root, job) for job in spec["jobs"]]
+
+
+def _first_seen(items) -> list:
+  seen: dict = {}
+  for item in items:
+    seen.setdefault(item, None)
+  return list(seen)
+
+
+def swept_names(records: Sequence[JobRecord]) -> list[str]:
+  """The swept names (short display names), in the order the jobs first show them."""
+  return _first_seen(name for r in records for name in r.swept)
+
+
+def env_names(records: Sequence[JobRecord]) -> list[str]:
+  """The evaluated envs, in the order the evaluations first list them."""
+  return _first_seen(env for r in records for e in (r.greedy, r.sampled) if e for env in e.get("envs", {}))
+
+
+# ------------------------------------------------------------------------------------------------------------- rows
+
+
+def csv_columns(names: Sequence[str], envs: Sequence[str]) -> list[str]:
+  """results.csv's columns: the point, each swept name's value, the seed and state, the greedy held-out success per
+  env and overall, the sampled evaluation's k and overall avg@k success, the evaluated policy's step and how it was
+  selected, the job's wall time (seconds) and its peak resident memory (GB, the max over metrics rows)."""
+  return ["point", *names, "seed", "state", *[f"success_{env}" for env in envs], "success_overall", "k",
+          "avg@k_overall", "policy_step", "selected_on", "wall_s", "peak_rss_gb"]
+
+
+def _number(value) -> float | None:
+  return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def job_row(record: JobRecord, names: Sequence[str], envs: Sequence[str]) -> dict[str, Any]:
+  """One job's results.csv row (`csv_columns`): None where nothing is recorded, never 0."""
+  greedy = record.greedy if record.counted else None
+  sampled = record.sampled if record.counted else None
+  either = greedy or sampled or {}
+  row: dict[str, Any] = {"point": record.point, **{n: record.swept.get(n) for n in names}, "seed": record.seed,
+                         "state": record.state}
+  for env in envs:
+    row[f"success_{env}"] = _number(greedy.get("envs", {}).get(env, {}).get("success")) if greedy else None
+  row["success_overall"] = _number(greedy.get("overall", {}).get("success")) if greedy else None
+  row["k"] = int(sampled["num_samples"]) if sampled else None
+  row["avg@k_overall"] = _number(sampled.get("overall", {}).get("success")) if sampled else None
+  row["policy_step"] = either.get("policy_step")
+  row["selected_on"] = either.get("selected_on")
+  row["wall_s"] = _number((record.status or {}).get("wall_s"))
+  rss = [v for m in record.metrics.values() if (v := _number(m.get("memory/peak_rss_gb"))) is not None]
+  row["peak_rss_gb"] = max(rss) if rss else None
+  return row
+
+
+def csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+  """The rows as CSV text with a header; None as an empty cell."""
+  out = io.StringIO()
+  writer = csv.DictWriter(out, fieldnames=list(columns), lineterminator="\n")
+  writer.writeheader()
+  for row in rows:
+    writer.writerow({c: "" if row.get(c) is None else row[c] for c in columns})
+  return out.getvalue()
+
+
+# ------------------------------------------------------------------------------------------------------- statistics
+
+
+def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+  """The mean and sample standard deviation (ddof=1) of `values`; std None for fewer than 2, both None for none."""
+  if not values:
+    return None, None
+  mean = float(np.mean(values))
+  return mean, (float(np.std(values, ddof=1)) if len(values) > 1 else None)
+
+
+def paired_bootstrap(diffs: np.ndarray, groups: np.ndarray, num_resamples: int = NUM_RESAMPLES,
+                     seed: int = BOOTSTRAP_SEED, level: float = 0.95) -> tuple[float, float, float] | None:
+  """The mean of paired differences `diffs` and its bootstrap percentile interval, resampling the groups (tasks).
+
+  Args:
+    diffs: one difference per pair (e.g. point minus baseline success of one episode, in [-1, 1]).
+    groups: each pair's group as an integer in [0, G): G groups are drawn with replacement per resample (numpy
+      `default_rng(seed).integers(0, G, size=(num_resamples, G))`, drawn in chunks of rows: the same numbers), and
+      a resample's statistic is the mean difference over all pairs of the groups drawn.
+    num_resamples: resamples.
+    seed: the Generator's seed.
+    level: the interval's coverage (0.95: the 2.5th and 97.5th percentiles).
+
+  Returns:
+    (mean difference over all pairs, lo, hi), or None without pairs.
+  """
+  diffs = np.asarray(diffs, dtype=np.float64)
+  groups = np.asarray(groups, dtype=np.int64)
+  if diffs.size == 0:
+    return None
+  num_groups = int(groups.max()) + 1
+  sums = np.bincount(groups, weights=diffs, minlength=num_groups)
+  counts = np.bincount(groups, minlength=num_groups).astype(np.float64)
+  rng = np.random.default_rng(seed)
+  stats = np.empty(num_resamples)
+  chunk = max(1, min(num_resamples, 2_000_000 // num_groups))  # bounded memory for many tasks
+  for start in range(0, num_resamples, chunk):
+    draws = rng.integers(0, num_groups, size=(min(chunk, num_resamples - start), num_groups))
+    total = counts[draws].sum(axis=1)
+    # (A group id without pairs adds nothing; a resample of such ids alone has no statistic and is left out.)
+    with np.errstate(invalid="ignore", divide="ignore"):
+      stats[start:start + len(draws)] = sums[draws].sum(axis=1) / total
+  stats = stats[np.isfinite(stats)]
+  tail = (1.0 - level) / 2 * 100
+  lo, hi = np.percentile(stats, [tail, 100 - tail])
+  return float(diffs.mean()), float(lo), float(hi)
+
+
+def episode_successes(records: Sequence[JobRecord]) -> dict[tuple[int, str, int, int], float]:
+  """(seed, env, index, sample) -> success (0 or 1) of each greedy held-out episode that ran (not `failed`) of the
+  counted jobs."""
+  out = {}
+  for r in records:
+    if not (r.counted and r.greedy):
+      continue
+    for e in r.greedy.get("episodes") or []:
+      if e.get("failed") or e.get("success") is None:
+        continue
+      out[(r.seed, str(e["env"]), int(e["index"]), int(e.get("sample", 0)))] = float(e["success"])
+  return out
+
+
+def paired_differences(point: Sequence[JobRecord], baseline: Sequence[JobRecord]) -> tuple[np.ndarray, np.ndarray]:
+  """Point minus baseline success of each episode present in both, paired by (seed, env, index, sample), and each
+  pair's task (env, index) as an integer (tasks in sorted order), for `paired_bootstrap`."""
+  a, b = episode_successes(point), episode_successes(baseline)
+  keys = sorted(set(a) & set(b))
+  tasks = sorted({(k[1], k[2]) for k in keys})
+  task_id = {t: i for i, t in enumerate(tasks)}
+  diffs = np.array([a[k] - b[k] for k in keys], dtype=np.float64)
+  groups = np.array([task_id[(k[1], k[2])] for k in keys], dtype=np.int64)
+  return diffs, groups
+
+
+# ------------------------------------------------------------------------------------------------------------ table
+
+
+def _no_result_label(states: Sequence[str]) -> str:
+  """What a point or seed without a result shows: the most telling state of its jobs."""
+  for state in ("failed", "interrupted", "incomplete", "missing"):
+    if state in states:
+      return state
+  return "no eval"  # done, without a held-out evaluation
+
+
+def summarize_points(records: Sequence[JobRecord], envs: Sequence[str],
+                     baseline: str | None = None) -> list[dict[str, Any]]:
+  """Per grid point (in the order sweep.json first lists them): its swept values, seeds and their states, the
+  greedy success per seed ("overall" and each env: fraction, None without a result), its mean and std over the
+  seeds with a result (`mean_std`), the avg@k mean/std and k, and with a baseline the paired bootstrap
+  (`paired_bootstrap`) of point minus baseline overall success: {"mean", "lo", "hi", "pairs", "tasks"}."""
+  points = _first_seen(r.point for r in records)
+  by_point = {p: [r for r in records if r.point == p] for p in points}
+  if baseline is not None and baseline not in by_point:
+    raise ValueError(f"--baseline {baseline!r} is not a point of this sweep; its points: {', '.join(points)}")
+  out = []
+  for p in points:
+    jobs = by_point[p]
+    per_seed: dict[str, dict[int, float | None]] = {}
+    for key in ("overall", *envs):
+      per_seed[key] = {}
+      for r in jobs:
+        source = (r.greedy.get("overall") if key == "overall" else r.greedy.get("envs", {}).get(key)) \
+            if (r.counted and r.greedy) else None
+        per_seed[key][r.seed] = _number((source or {}).get("success"))
+    mean, std, n = {}, {}, {}
+    for key, values in per_seed.items():
+      present = [v for v in values.values() if v is not None]
+      mean[key], std[key] = mean_std(present)
+      n[key] = len(present)
+    sampled = [r.sampled for r in jobs if r.counted and r.sampled]
+    avg_k = None
+    if sampled:
+      ks = sorted({int(s["num_samples"]) for s in sampled})
+      values = [v for s in sampled if (v := _number(s.get("overall", {}).get("success"))) is not None]
+      m, s = mean_std(values)
+      avg_k = {"k": ks[0] if len(ks) == 1 else ks, "mean": m, "std": s, "n": len(values)}
+    diff = None
+    if baseline is not None and p != baseline:
+      diffs, groups = paired_differences(jobs, by_point[baseline])
+      result = paired_bootstrap(diffs, groups)
+      if result is not None:
+        diff = {"mean": result[0], "lo": result[1], "hi": result[2], "pairs": int(diffs.size),
+                "tasks": int(groups.max()) + 1}
+    out.append({"point": p, "swept": dict(jobs[0].swept), "seeds": [r.seed for r in jobs],
+                "states": {r.seed: r.state for r in jobs}, "per_seed": per_seed, "mean": mean, "std": std, "n": n,
+                "avg_k": avg_k, "diff": diff, "best": False})
+  return out
+
+
+def choose_best(points: list[dict[str, Any]], baseline: str | None) -> tuple[str | None, str]:
+  """The point to mark and the sentence that says what the mark means (or why nothing is marked).
+
+  The best point is the one with the highest mean overall success; it is marked only where its gain over the
+  baseline's mean is larger than the seed spread (the larger of the two points' std over seeds, which needs 2 or
+  more seeds with a result in each) and its paired bootstrap 95% interval lies above 0 (lo > 0). Sets "best" on
+  the marked point's entry."""
+  meaning = (f"{BEST_MARK} marks the best point (highest mean overall success) where its gain over the baseline "
+             "is larger than the seed spread (the larger std over seeds of the two points) and its paired "
+             "bootstrap 95% interval lies above 0.")
+  scored = [p for p in points if p["mean"]["overall"] is not None]
+  if not scored:
+    return None, "Nothing is marked: no point has a held-out result."
+  best = max(scored, key=lambda p: p["mean"]["overall"])  # the first in grid order among equals
+  if baseline is None:
+    return None, f"Nothing is marked: no baseline given (the highest mean overall success is {best['point']})."
+  base = next(p for p in points if p["point"] == baseline)
+  why = None
+  if best["point"] == baseline:
+    why = "the baseline itself has the highest mean overall success"
+  elif base["mean"]["overall"] is None:
+    why = "the baseline has no held-out result"
+  elif best["std"]["overall"] is None or base["std"]["overall"] is None:
+    why = f"{best['point']} is best, but with fewer than 2 seeds per point there is no seed spread to beat"
+  else:
+    gain = best["mean"]["overall"] - base["mean"]["overall"]
+    spread = max(best["std"]["overall"], base["std"]["overall"])
+    if gain <= spread:
+      why = f"the best point's gain ({_f(gain, True)}) is not larger than the seed spread ({_f(spread)})"
+    elif best["diff"] is None:
+      why = "the best point has no episodes paired with the baseline's"
+    elif best["diff"]["lo"] <= 0:
+      why = f"the best point's 95% interval is not above 0 (lo = {_f(best['diff']['lo'], True)})"
+  if why:
+    return None, f"{meaning} Nothing is marked: {why}."
+  best["best"] = True
+  return best["point"], meaning
+
+
+def _f(x: float | None, signed: bool = False) -> str:
+  """A fraction as '.610' ('1.000', '-.030'; '+.030' when `signed`); '-' for None."""
+  if x is None:
+    return "-"
+  text = f"{x:+.3f}" if signed else f"{x:.3f}"
+  return text.replace("0.", ".", 1) if re.match(r"^[+-]?0\.", text) else text
+
+
+def _cell(mean: float | None, std: float | None, n: int, seeds: int, empty: str) -> str:
+  """'mean +- std', with '(n=…)' where fewer seeds than the point's have a result; one value shows 'v (n=1)'."""
+  if mean is None:
+    return empty
+  if n == 1:
+    return f"{_f(mean)} (n=1)"
+  return f"{_f(mean)} +- {_f(std)}" + (f" (n={n})" if n < seeds else "")
+
+
+def markdown(root: str, spec: Mapping[str, Any], records: Sequence[JobRecord], points: Sequence[Mapping[str, Any]],
+             envs: Sequence[str], baseline: str | None, note: str) -> str:
+  """results.md: a headline (seeds, eval tasks per env, job counts) and the per-point table (`summarize_points`)."""
+  seeds = spec.get("seeds") or _first_seen(r.seed for r in records)
+  tasks = {env: _first_seen(int(e["envs"][env]["num_tasks"]) for r in records for e in (r.greedy, r.sampled)
+                            if e and r.counted and "num_tasks" in e.get("envs", {}).get(env, {}))
+           for env in envs}
+  counts = {s: sum(r.state == s for r in records) for s in STATES}
+  lines = [f"# Sweep {root}", ""]
+  lines.append(f"- seeds: {', '.join(str(s) for s in seeds)}")
+  lines.append("- eval tasks per env: " + (", ".join(f"{env} {'/'.join(str(t) for t in tasks[env]) or '?'}"
+                                                     for env in envs) or "none recorded"))
+  shown = [s for s in STATES if counts[s] or s in ("done", "failed", "missing")]
+  lines.append("- jobs: " + ", ".join(f"{counts[s]} {s}" for s in shown) + f" ({len(records)} in all)")
+  if baseline is not None:
+    lines.append(f"- baseline: {baseline}")
+  if spec.get("gin_files"):
+    lines.append(f"- gin files: {' '.join(spec['gin_files'])}")
+  if spec.get("gin_bindings"):
+    lines.append(f"- gin bindings: {' '.join(spec['gin_bindings'])}")
+  lines.append("- success: fraction of held-out episodes solved, greedy; mean +- sample std over the seeds with a "
+               "result")
+  lines.append("")
+  ks = _first_seen(str(p["avg_k"]["k"]) for p in points if p["avg_k"])
+  avg_head = f"avg@{ks[0]}" if len(ks) == 1 else "avg@k"
+  head = ["point", *envs, "overall", "overall per seed (" + " ".join(f"s{s}" for s in seeds) + ")"]
+  if ks:
+    head.append(avg_head)
+  if baseline is not None:
+    head.append("overall - baseline [95% CI]")
+  lines.append("| " + " | ".join(head) + " |")
+  lines.append("|" + "|".join("---" for _ in head) + "|")
+  for p in points:
+    total = len(p["seeds"])
+    no_result = _no_result_label(list(p["states"].values()))
+    cells = [p["point"] + (f" {BEST_MARK}" if p["best"] else "")]
+    for key in (*envs, "overall"):
+      cells.append(_cell(p["mean"][key], p["std"][key], p["n"][key], total, no_result))
+    per_seed = []
+    for s in seeds:
+      v, state = p["per_seed"]["overall"].get(s), p["states"].get(s, "")
+      per_seed.append(_f(v) if v is not None else state if state in NO_RESULT_STATES + ("incomplete", "missing")
+                      else "-")
+    cells.append(" ".join(per_seed))
+    if ks:
+      a = p["avg_k"]
+      cells.append("-" if a is None or a["mean"] is None else
+                   _cell(a["mean"], a["std"], a["n"], total, "-") + ("" if len(ks) == 1 else f" (k={a['k']})"))
+    if baseline is not None:
+      d = p["diff"]
+      cells.append("baseline" if p["point"] == baseline else "no paired episodes" if d is None else
+                   f"{_f(d['mean'], True)} [{_f(d['lo'], True)}, {_f(d['hi'], True)}]")
+    lines.append("| " + " | ".join(cells) + " |")
+  lines.append("")
+  if baseline is not None:
+    lines.append(f"The interval: point minus {baseline} success over the greedy episodes present in both, paired by "
+                 f"(seed, env, index, sample); its mean, and the 2.5th-97.5th percentiles of {NUM_RESAMPLES:,} "
+                 f"resamples of the tasks (numpy default_rng({BOOTSTRAP_SEED})).")
+    lines.append("")
+  lines.append(note)
+  return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------------------ plots
+
+
+def safe_name(metric: str) -> str:
+  """`metric` as a file name: runs of characters other than letters, digits, '_', '.' and '-' become '_'."""
+  return re.sub(r"[^A-Za-z0-9_.-]+", "_", metric).strip("_") or "metric"
+
+
+def _as_numbers(values: Sequence[str]) -> list[float] | None:
+  try:
+    numbers = [float(v) for v in values]
+  except ValueError:
+    return None
+  return numbers if all(math.isfinite(x) for x in numbers) else None
+
+
+def _png(fig) -> bytes:
+  out = io.BytesIO()
+  fig.savefig(out, format="png", dpi=100, bbox_inches="tight")
+  return out.getvalue()
+
+
+def plot_success(points: Sequence[Mapping[str, Any]], names: Sequence[str], key: str) -> bytes | None:
+  """PNG of `key`'s ("overall" or an env's) mean success against the first swept name's values (numbers where
+  they all parse, else categories, in grid order), one line per combination of the other swept names' values,
+  error bars the std over seeds (none with one seed); None where no point has a result."""
+  import matplotlib
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt
+
+  scored = [p for p in points if p["mean"][key] is not None]
+  if not scored:
+    return None
+  x_name = names[0] if names else "point"
+  x_text = (lambda p: p["swept"].get(x_name, "")) if names else (lambda p: p["point"])
+  x_values = _first_seen(x_text(p) for p in points)
+  numbers = _as_numbers(x_values)
+  position = dict(zip(x_values, numbers if numbers is not None else range(len(x_values))))
+  line_of = lambda p: ",".join(f"{n}={p['swept'].get(n, '')}" for n in names[1:])
+  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  for line in _first_seen(line_of(p) for p in points):
+    members = sorted((p for p in scored if line_of(p) == line), key=lambda p: position[x_text(p)])
+    if not members:
+      continue
+    xs = [position[x_text(p)] for p in members]
+    ys = [p["mean"][key] for p in members]
+    errs = [p["std"][key] or 0.0 for p in members]
+    ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=4, label=line or None)
+  if numbers is None:
+    ax.set_xticks(range(len(x_values)), x_values, rotation=30 if len(x_values) > 4 else 0)
+  ax.set_xlabel(x_name)
+  ax.set_ylabel(f"held-out success ({key})")
+  ax.set_title(f"{key} success: mean +- std over seeds")
+  ax.grid(alpha=0.3)
+  if len(names) > 1:
+    ax.legend(fontsize=8)
+  data = _png(fig)
+  plt.close(fig)
+  return data
+
+
+def plot_curve(records: Sequence[JobRecord], metric: str) -> bytes | None:
+  """PNG of `metric` against the training step, one line per job that recorded it (legend: the job name); None
+  where none did."""
+  import matplotlib
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt
+
+  curves = []
+  for r in records:
+    points = [(step, v) for step, m in r.metrics.items() if (v := _number(m.get(metric))) is not None]
+    if points:
+      curves.append((r.name, points))
+  if not curves:
+    return None
+  fig, ax = plt.subplots(figsize=(7.5, 4.2))
+  for name, points in curves:
+    ax.plot([s for s, _ in points], [v for _, v in points], label=name, linewidth=1.2)
+  ax.set_xlabel("step")
+  ax.set_ylabel(metric)
+  ax.set_title(f"{metric} per job")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+  data = _png(fig)
+  plt.close(fig)
+  return data
+
+
+# ----------------------------------------------------------------------------------------------------------- report
+
+
+def report(root: paths.PathLike, baseline: str | None = None) -> dict[str, Any]:
+  """Reads the sweep under `root` and writes results.csv, results.md and plots/*.png there (module docstring).
+
+  Args:
+    root: the sweep's directory (local or a URI).
+    baseline: a point's name (as in sweep.json's `point`): the other points' paired bootstrap intervals are against
+      it, and the best point can be marked only against it.
+
+  Returns:
+    {"columns": results.csv's columns, "rows": its rows (dicts, None where empty), "envs", "swept": the swept names,
+     "points": `summarize_points` (means, stds, per-seed values, intervals), "best": the marked point or None,
+     "note": the line under the table, "markdown": results.md's text, "files": the files written}.
+
+  Raises:
+    FileNotFoundError: no sweep.json under `root`.
+    ValueError: `baseline` is not a point of the sweep.
+  """
+  root_path = paths.as_path(root)
+  spec = load_sweep(root_path)
+  records = read_jobs(root_path, spec)
+  names = swept_names(records)
+  envs = env_names(records)
+  columns = csv_columns(names, envs)
+  rows = [job_row(r, names, envs) for r in records]
+  points = summarize_points(records, envs, baseline)
+  best, note = choose_best(points, baseline)
+  text = markdown(str(root), spec, records, points, envs, baseline, note)
+
+  files = [paths.write_text(root_path / "results.csv", csv_text(rows, columns)),
+           paths.write_text(root_path / "results.md", text)]
+  plots = root_path / "plots"
+  for key in ("overall", *envs):
+    data = plot_success(points, names, key)
+    if data is not None:
+      files.append(paths.write_bytes(plots / f"success_{safe_name(key)}.png", data))
+  for metric in CURVE_METRICS:
+    data = plot_curve(records, metric)
+    if data is not None:
+      files.append(paths.write_bytes(plots / f"curve_{safe_name(metric)}.png", data))
+  return {"columns": columns, "rows": rows, "envs": envs, "swept": names, "points": points, "best": best,
+          "note": note, "markdown": text, "files": [str(f) for f in files]}
