@@ -24,7 +24,7 @@ checkpoints/). The sweep's definition is saved as ROOT/sweep.json; the same comm
 
 Chaining: `{job:NAME=VALUE,...}` in a binding's value is the directory of the job of the same seed at the point
 with those values (and the referring job's values on the other axes), e.g.
-`--zip "gin_file=[gin_configs/compare/bc.gin,gin_configs/compare/grpo.gin]" --zip "INIT_CHECKPOINT=[None,'{job:gin_file=bc}']"`
+`--zip "gin_file=[gin_configs/compare/cpu/bc.gin,gin_configs/compare/cpu/grpo.gin]" --zip "INIT_CHECKPOINT=[None,'{job:gin_file=bc}']"`
 (GRPO from the BC job of its seed and grid values: that job runs first, and a failed one leaves its dependents
 unrun);
 `{job:DIR/POINT}` is a job of the sweep rooted at DIR (which must have finished).
@@ -126,8 +126,6 @@ def parse_axis_spec(spec: str) -> tuple[str, list[str]]:
   items = split_values(values)
   if name == GIN_FILE:
     items = [item.strip("'\"") for item in items]
-  if len(set(items)) != len(items):
-    raise ValueError(f"{name} lists a value twice: {items}")
   return name, items
 
 
@@ -142,8 +140,15 @@ class Axis:
 def build_axes(sweeps: Sequence[str], zips: Sequence[str]) -> list[Axis]:
   """The grid's axes: one per --sweep (in order), then one of all --zip specs together."""
   axes = [Axis((name,), tuple((v,) for v in values)) for name, values in map(parse_axis_spec, sweeps)]
+  for axis in axes:
+    values = [row[0] for row in axis.values]
+    if len(set(values)) != len(values):
+      raise ValueError(f"{axis.names[0]} lists a value twice: {values}")
   if zips:
     parsed = [parse_axis_spec(spec) for spec in zips]
+    if len(set(parsed[0][1])) != len(parsed[0][1]):  # the first --zip names the points; the others may repeat
+      raise ValueError(f"{parsed[0][0]} (the first --zip, which names the points) lists a value twice: "
+                       f"{parsed[0][1]}")
     lengths = {len(values) for _, values in parsed}
     if len(lengths) != 1:
       raise ValueError(f"--zip lists vary together and need equal lengths, got "
@@ -409,8 +414,12 @@ def read_status(directory: str) -> dict[str, Any] | None:
 
 
 def is_done(directory: str) -> bool:
+  """Its status says done; or it has none and wrote its held-out evaluation (a job a scheduler ran from its bare
+  `launch.train` line: a run writes eval_results.json at its end), as `--report` counts it."""
   status = read_status(directory)
-  return bool(status) and status.get("state") == "done"
+  if status is None:
+    return os.path.exists(os.path.join(directory, "eval_results.json"))
+  return status.get("state") == "done"
 
 
 def current_step(directory: str) -> int | None:
@@ -438,7 +447,7 @@ def archive_job(job: Job, archive_root: str) -> None:
     source = os.path.join(job.directory, name)
     if os.path.exists(source):
       with open(source, encoding="utf-8", errors="replace") as f:
-        text = f.read().replace(ROOT + os.sep, "")
+        text = f.read().replace(ROOT + os.sep, "").replace(ROOT, ".")  # records name no path of this machine
       with open(os.path.join(destination, name), "w", encoding="utf-8") as f:
         f.write(text)
 
@@ -540,8 +549,8 @@ def run_local(jobs: Sequence[Job], max_jobs: int, archive: str | None = None,
         if status["state"] == "failed":
           print(f"\n[sweep] {name} failed (exit {proc.returncode}); the end of its log "
                 f"({os.path.join(by_name[name].directory, LOG_FILE)}):\n{status['log_tail']}\n", file=sys.stderr)
-        elif status["state"] == "done" and archive:
-          archive_job(by_name[name], archive)
+        if archive and status["state"] in ("done", "failed"):
+          archive_job(by_name[name], archive)  # a failed job's status and log tail too: the report says it failed
       if stopping:
         if not running:
           break

@@ -424,7 +424,9 @@ def markdown(root: str, spec: Mapping[str, Any], records: Sequence[JobRecord], p
                             if e and r.counted and "num_tasks" in e.get("envs", {}).get(env, {}))
            for env in envs}
   counts = {s: sum(r.state == s for r in records) for s in STATES}
-  lines = [f"# Sweep {root}", ""]
+  lines = [f"# Sweep {str(root).rstrip('/').rsplit('/', 1)[-1]}", ""]  # (no machine path in committed records)
+  if spec.get("root"):
+    lines.append(f"- run in: {spec['root']}")
   lines.append(f"- seeds: {', '.join(str(s) for s in seeds)}")
   lines.append("- eval tasks per env: " + (", ".join(f"{env} {'/'.join(str(t) for t in tasks[env]) or '?'}"
                                                      for env in envs) or "none recorded"))

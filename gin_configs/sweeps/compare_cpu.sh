@@ -14,5 +14,5 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 CPU=gin_configs/compare/cpu
 exec "${PYTHON:-python}" -m launch.sweep --root runs/sweeps/compare_cpu --archive results/compare_cpu \
   --zip "gin_file=[$CPU/bc.gin,$CPU/bc_x5.gin,$CPU/grpo.gin,$CPU/agentevol.gin]" \
-  --zip "INIT_CHECKPOINT=[None,None  # bc_x5,'{job:gin_file=bc}',None  # agentevol]" \
+  --zip "INIT_CHECKPOINT=[None,None,'{job:gin_file=bc}',None]" \
   --seeds 0,1,2 --eval_tasks 100 "$@"

@@ -49,7 +49,7 @@ def test_values_split_at_top_level_commas_only(text, values):
 
 @pytest.mark.parametrize("spec, message", [
     ("rollout_ratio", "NAME=\\[v1,v2"), ("x=0.5", "bracketed list"), ("x=[1,,2]", "empty value"),
-    ("x=[(1,2]", "unclosed bracket"), ("x=['a]", "unclosed quote"), ("x=[1,1]", "twice"), ("x y=[1]", "NAME"),
+    ("x=[(1,2]", "unclosed bracket"), ("x=['a]", "unclosed quote"), ("x y=[1]", "NAME"),
 ])
 def test_a_malformed_sweep_is_refused_with_what_is_wrong(spec, message):
   with pytest.raises(ValueError, match=message):
@@ -82,6 +82,12 @@ def test_zipped_names_vary_together_and_gin_files_are_swept_after_the_shared_one
   assert jobs[1].bindings[:3] == ("TRAIN_STEPS = 2", "train_grpo.group_size = 4", "ExperienceManager.rollout_ratio = 0.5")
   with pytest.raises(ValueError, match="equal lengths"):
     definition("r", zips=["a=[1,2]", "b=[1]"])
+  # A value twice: refused where it names the points (a --sweep, the first --zip), fine in a later --zip.
+  with pytest.raises(ValueError, match="x lists a value twice"):
+    definition("r", ["x=[1,1]"])
+  with pytest.raises(ValueError, match="the first --zip"):
+    definition("r", zips=["a=[1,1]", "b=[1,2]"])
+  assert len(sweep.expand(definition("r", zips=["a=[1,2,3]", "b=[None,None,2]"]))) == 3
 
 
 def test_names_stay_distinct_where_short_forms_would_collide():
@@ -199,7 +205,8 @@ def test_done_jobs_are_skipped_and_the_others_resume(tmp_path):
   jobs = local_jobs(tmp_path, ["STEPS=[2,4]"])
   assert set(sweep.run_local(jobs, max_jobs=1, command=fake_command, poll_s=0.05).values()) == {"done"}
   assert [starts(j) for j in jobs] == [1, 1]
-  os.remove(os.path.join(jobs[1].directory, sweep.STATUS_FILE))  # as if it had been killed before its end
+  for name in (sweep.STATUS_FILE, "eval_results.json"):  # as if it had been killed before its end
+    os.remove(os.path.join(jobs[1].directory, name))
   assert set(sweep.run_local(jobs, max_jobs=1, command=fake_command, poll_s=0.05).values()) == {"done"}
   assert [starts(j) for j in jobs] == [1, 2]  # the done one skipped, the other run again (and resumed)
   rows = [json.loads(line) for line in open(os.path.join(jobs[1].directory, "metrics.jsonl"))]
