@@ -7,8 +7,7 @@
 #   bash gin_configs/sweeps/compare_cpu.sh --dry_run       # one launch.train command line per job
 #   bash gin_configs/sweeps/compare_cpu.sh --emit slurm    # any launch.sweep flag may follow; a repeated one wins
 #   python -m launch.sweep --root results/compare_cpu --report    # the measured table: results/compare_cpu/results.md
-# Runs from anywhere (python: $PYTHON, else the one on PATH). INIT_CHECKPOINT is None (a fresh init) but for GRPO;
-# the Nones are told apart by a gin comment, as launch.sweep refuses a value twice in a --zip list.
+# Runs from anywhere (python: $PYTHON, else the one on PATH). INIT_CHECKPOINT is None (a fresh init) but for GRPO.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 CPU=gin_configs/compare/cpu
