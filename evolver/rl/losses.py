@@ -91,6 +91,13 @@ def aggregate_loss(per_token: jax.Array, mask: jax.Array, agg_mode: str = "token
   raise ValueError(f"unknown agg_mode {agg_mode!r}; choose one of {AGG_MODES}")
 
 
+def weight_negative(advantages: jax.Array, negative_weight: float = 1.0) -> jax.Array:
+  """`advantages` with the negative ones scaled by `negative_weight` (any shape; 1.0 returns them unchanged)."""
+  if negative_weight == 1.0:
+    return advantages
+  return jnp.where(advantages < 0, negative_weight * advantages, advantages)
+
+
 def _clipped_pg(ratio, advantages, clip_low, clip_high, clip_c):
   """Per-token PPO loss with dual clip: max(-A r, -A clip(r, 1-lo, 1+hi)), capped at -clip_c A where A < 0."""
   loss1 = -advantages * ratio

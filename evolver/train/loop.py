@@ -60,6 +60,8 @@ from evolver.train.metrics import MetricsWriter
 from evolver.train.trainer import Trainer
 
 EVAL_RESULTS_FILE = "eval_results.json"
+EVAL_SAMPLES_FILE = "eval_samples.json"  # the sampled held-out evaluation (LoopConfig.eval_samples)
+VAL_SUBDIR = "val"  # MODEL_DIR/val/step_N.json: each val evaluation's episodes (per-task outcomes)
 
 
 @gin.configurable
@@ -75,6 +77,15 @@ class LoopConfig:
     max_context_tokens: the most tokens an episode of the run's rollout engine may hold, val, eval and the
       algorithm's rollouts (its sampler's cache per row); None: the model's positions, at most
       `sampler.DEFAULT_MAX_LENGTH` (4,096). An episode that outgrows it ends, marked truncated.
+    val_samples: episodes per val task: 1 is greedy; k > 1 samples k at `val_temperature` with the fixed seed
+      `val_seed` (avg@k), the same tasks and sampling seeds at every evaluation, so two steps' val figures are
+      paired and a change of one episode moves an env's figure by 1 / (tasks x k).
+    val_temperature, val_seed: the sampled val's temperature and seed (val_samples > 1).
+    val_start: also evaluate the starting policy on val before the first step, as a candidate (step 0): a run
+      whose updates never beat its start reports its start.
+    eval_samples: with eval_tasks, also a sampled held-out evaluation of the selected policy: eval_samples
+      episodes per task at temperature 1 (seed 0), avg@k beside the greedy figure, written to
+      `MODEL_DIR/eval_samples.json` (0: greedy only).
   """
 
   eval_every: int = 0
@@ -83,10 +94,20 @@ class LoopConfig:
   eval_max_rounds: int | None = None
   eval_batch_size: int = 64
   max_context_tokens: int | None = None
+  val_samples: int = 1
+  val_temperature: float = 1.0
+  val_seed: int = 0
+  val_start: bool = False
+  eval_samples: int = 0
 
   def __post_init__(self):
     if self.eval_every < 0 or self.eval_tasks < 0:
       raise ValueError(f"eval_every ({self.eval_every}) and eval_tasks ({self.eval_tasks}) must be >= 0")
+    if self.val_samples < 1 or self.eval_samples < 0 or self.eval_samples == 1:
+      raise ValueError(f"val_samples ({self.val_samples}) must be >= 1 and eval_samples ({self.eval_samples}) 0 "
+                       "or >= 2 (a sampled avg@k beside the greedy figure)")
+    if self.val_samples > 1 and self.val_temperature <= 0:
+      raise ValueError(f"sampled val (val_samples {self.val_samples}) needs val_temperature > 0")
 
 
 class StateOwner(Protocol):
@@ -205,7 +226,7 @@ class Loop:
     for owner in self.state_owners:
       owner.load_state_files(files.get(owner.name, {}))
     self.best_val = extras.get("best_val")
-    self.writer = MetricsWriter(self.model_dir, resume_step=self.step)
+    self.writer = MetricsWriter(self.model_dir, resume_step=self.step if restored is not None else None)
     if self.step:
       print(f"[{self.name}] resuming at step {self.step}", flush=True)
     return {k: v for k, v in extras.items() if k not in ("best_val", "model_config")}
@@ -255,6 +276,11 @@ class Loop:
     restore_handler = self._note_sigterm()
     try:
       compiles = runtime.compile_log()
+      if self.config.val_start and self.val_indices and self.step == origin == 0 and self.step < until:
+        compiles.tag, mark = "start", compiles.mark()
+        results = self.validate()  # the starting policy, a candidate at step 0
+        self.writer.write(0, {**evaluation.flatten_metrics(results, "val"), "time/val_s": results["seconds"],
+                              "val/best_success": self.best_val, **step_resources(compiles.since(mark))})
       while self.step < until:
         compiles.tag, mark = f"step {self.step + 1}", compiles.mark()
         row = dict(step_fn())
@@ -309,8 +335,17 @@ class Loop:
     return lambda: signal.signal(signal.SIGTERM, previous)
 
   def validate(self) -> dict[str, Any]:
-    """Greedy episodes on the `val` tasks with the current weights; keeps the policy when it is the best so far."""
-    results = self.evaluate(split="train", indices=self.val_indices, keep_episodes=False)
+    """The `val` episodes of the current weights (greedy, or `LoopConfig.val_samples` sampled at fixed seeds);
+    keeps the policy when it is the best so far (ties keep the earlier one). Each evaluation's episodes are
+    written to `MODEL_DIR/val/step_N.json` (N: the logged step; 0 is the start)."""
+    config = self.config
+    sampled = dict(num_samples=config.val_samples, temperature=config.val_temperature,
+                   seed=config.val_seed) if config.val_samples > 1 else {}
+    results = self.evaluate(split="train", indices=self.val_indices, **sampled)
+    paths.write_json(self.model_dir / VAL_SUBDIR / f"step_{self.step}.json",
+                     {"step": self.step, "num_samples": results["num_samples"],
+                      "temperature": results["temperature"], "seed": results["seed"],
+                      "episodes": results.pop("episodes")})
     score = results["overall"]["success"]
     if self.best_val is None or score > self.best_val:
       self.best_val = score
@@ -359,19 +394,31 @@ class Loop:
     try:
       if self.config.eval_tasks:
         policy_step, selected_on = self.selected_policy()
-        if reuse and policy_step in reuse:
-          results = dict(reuse[policy_step])
-        else:
+        reused = bool(reuse and policy_step in reuse)
+        params = None
+        if not reused or self.config.eval_samples:
           params = (self.restore_params(self.model_dir, policy_step) if selected_on == "val"
                     else self.trainer.state.params)
+        if reused:
+          results = dict(reuse[policy_step])
+        else:
           results = self.evaluate(params, split="eval", num_tasks=self.config.eval_tasks)
         results.update(policy_step=policy_step // self.updates_per_step, selected_on=selected_on,
                        **(extra_results or {}))
+        row = evaluation.flatten_metrics(results, "eval")
+        if self.config.eval_samples:
+          samples = self.evaluate(params, split="eval", num_tasks=self.config.eval_tasks,
+                                  num_samples=self.config.eval_samples, temperature=1.0, seed=0)
+          samples.update(policy_step=results["policy_step"], selected_on=selected_on)
+          evaluation.write_eval_results(self.model_dir / EVAL_SAMPLES_FILE, samples)
+          row.update(evaluation.flatten_metrics(samples, "eval_sampled"))
         evaluation.write_eval_results(self.model_dir / EVAL_RESULTS_FILE, results)
-        self.writer.write(self.step, evaluation.flatten_metrics(results, "eval"))
+        self.writer.write(self.step, row)
         print(f"\nheld-out {results['split']} split: the policy of step {results['policy_step']} (selected on "
               f"{results['selected_on']})")
         evaluation.print_table(results)
+        if self.config.eval_samples:
+          evaluation.print_table(samples)
     finally:
       self.close()
     return results

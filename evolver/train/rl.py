@@ -38,6 +38,7 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 from transformers import PreTrainedTokenizerBase
 
@@ -66,14 +67,18 @@ RL_KEYS = ("input_ids", "loss_mask", "exp_mask", "advantages", "old_logp", "ref_
 def het_ppo_loss_fn(model: Decoder, batch: step_lib.Batch, normalizers: step_lib.Normalizers, *,
                     clip_low: float = 0.2, clip_high: float = 0.28, off_clip_high: float = 0.6, clip_c: float = 3.0,
                     agg_mode: str = "token-mean", norm_len: float | None = None, kl_coef: float = 0.001,
-                    entropy_coeff: float = 0.0, head_chunk_rows: int | None = None) -> tuple[jax.Array, dict]:
+                    entropy_coeff: float = 0.0, negative_weight: float = 1.0,
+                    head_chunk_rows: int | None = None) -> tuple[jax.Array, dict]:
   """HET-PPO policy loss + kl_coef * KL_k3(policy || reference) - entropy_coeff * entropy, over `loss_mask`.
 
   batch: input_ids `[B, T]` int32; loss_mask, exp_mask, advantages, old_logp, ref_logp `[B, T]` float32.
   The whole batch's counts (`normalizers`: tokens for token means, sequences for the seq-mean modes) make
   microbatches add up exactly to the whole batch in every aggregation mode. `head_chunk_rows` computes the
   log-probabilities through the LM head that many tokens at a time instead of materialising `[B, T, V]` logits
-  (the memory peak at a 152k vocabulary); the entropy bonus needs the full logits.
+  (the memory peak at a 152k vocabulary); the entropy bonus needs the full logits. With the full logits the
+  policy's mean token entropy is logged (`entropy`) whether or not it is in the loss.
+  `negative_weight` scales the advantages below zero (1: the plain loss; < 1 damps the push-down of failed
+  episodes' tokens, a remedy for negative-dominated collapse, `evolver.rl.losses.weight_negative`).
   """
   if head_chunk_rows:
     if entropy_coeff:
@@ -85,8 +90,9 @@ def het_ppo_loss_fn(model: Decoder, batch: step_lib.Batch, normalizers: step_lib
     logp = losses.target_logprobs(logits, batch["input_ids"])
   mask = batch["loss_mask"]
   tokens = normalizers["tokens"]
+  advantages = losses.weight_negative(batch["advantages"], negative_weight)
   pg_loss, metrics = losses.het_ppo_loss(
-      logp, batch["old_logp"], batch["advantages"], mask, batch["exp_mask"], clip_low=clip_low,
+      logp, batch["old_logp"], advantages, mask, batch["exp_mask"], clip_low=clip_low,
       clip_high=clip_high, off_clip_high=off_clip_high, clip_c=clip_c, agg_mode=agg_mode, norm_len=norm_len,
       normalizer=tokens if agg_mode == "token-mean" else normalizers["sequences"])
   loss = pg_loss
@@ -94,10 +100,11 @@ def het_ppo_loss_fn(model: Decoder, batch: step_lib.Batch, normalizers: step_lib
     kl = losses.masked_mean(losses.kl_low_var(logp, batch["ref_logp"]), mask, tokens)
     loss = loss + kl_coef * kl
     metrics["kl_ref"] = kl
-  if entropy_coeff:
+  if logits is not None:
     entropy = losses.masked_mean(losses.token_entropy(logits), mask, tokens)
-    loss = loss - entropy_coeff * entropy
-    metrics["entropy"] = entropy
+    if entropy_coeff:
+      loss = loss - entropy_coeff * entropy
+    metrics["entropy"] = entropy if entropy_coeff else jax.lax.stop_gradient(entropy)
   metrics["num_tokens"] = jnp.sum(mask.astype(jnp.float32))
   return loss, metrics
 
@@ -257,6 +264,40 @@ def minibatch_multiple(trainer: trainer_lib.Trainer) -> int:
   return math.lcm(trainer.mesh.shape["data"] * trainer.mesh.shape["fsdp"], trainer.config.num_microbatches)
 
 
+@jax.jit
+def relative_change(new: nnx.State, old: nnx.State) -> jax.Array:
+  """||new - old|| / ||old|| over every leaf of two parameter trees of one structure (a scalar, float32)."""
+  diff = jax.tree.map(lambda a, b: a.astype(jnp.float32) - b.astype(jnp.float32), new, old)
+  return optax.tree.norm(diff) / jnp.maximum(optax.tree.norm(old), 1e-12)
+
+
+def advantage_shares(batch: dict[str, np.ndarray], success: np.ndarray) -> dict[str, float]:
+  """Where a step's advantage-weighted tokens are: the shares of sum(|A| over trained tokens) carried by the
+  successful episodes' rows and by the failed ones' (`adv/success_share`, `adv/failure_share`), the share of
+  trained tokens whose advantage is negative (`adv/negative_token_share`), and the share of sum(|A|) on them
+  (`adv/negative_share`). batch: "advantages", "loss_mask" `[B, T]`, rows in the order of `success` `[B]` (0/1).
+  With token-mean aggregation these shares are each part's share of the policy gradient's weight."""
+  mask = batch["loss_mask"][:len(success)].astype(np.float64)
+  advantages = batch["advantages"][:len(success)].astype(np.float64)
+  weight = np.abs(advantages) * mask
+  total = max(float(weight.sum()), 1e-12)
+  per_row = weight.sum(axis=1)
+  return {"adv/success_share": float(per_row[success > 0].sum() / total),
+          "adv/failure_share": float(per_row[success <= 0].sum() / total),
+          "adv/negative_token_share": float(((advantages < 0) * mask).sum() / max(float(mask.sum()), 1.0)),
+          "adv/negative_share": float((weight * (advantages < 0)).sum() / total)}
+
+
+def signal_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+  """`rollout/groups`: the groups that train; `rollout/signal_fraction`: the share of them whose rewards differ
+  (a group of equal rewards has zero advantage everywhere: it trains nothing but the KL term)."""
+  rewards: dict[int, set[float]] = collections.defaultdict(set)
+  for r in rollouts:
+    rewards[r.group].add(float(r.reward))
+  mixed = sum(len(values) > 1 for values in rewards.values())
+  return {"rollout/groups": len(rewards), "rollout/signal_fraction": mixed / len(rewards) if rewards else 0.0}
+
+
 def with_peers(rollouts: Sequence[Rollout]) -> tuple[list[Rollout], int]:
   """The rollouts whose group has at least two of them (a group of one has no baseline: its advantage would be
   its reward), and the number of groups left out. Errored episodes must be dropped before."""
@@ -275,7 +316,7 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   a step can have), every scoring chunk and update is padded to `update_rows` of it: the same programs each step.
   Returns the step's metrics."""
   trained, lone = with_peers(rollouts)
-  row: dict[str, Any] = {"rollout/lone_groups": lone}
+  row: dict[str, Any] = {"rollout/lone_groups": lone, **signal_metrics(trained)}
   if not trained:
     trainer.state = trainer.state.replace(step=trainer.state.step + ppo_epochs * num_minibatches)
     return row
@@ -291,10 +332,14 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
     batch[key] = behaviour_logprobs(trainer.graphdef, params, batch, buckets, num_minibatches, head_chunk_rows,
                                     chunk_rows=rows, mesh=trainer.mesh)
     row[f"time/{key}_s"] = time.perf_counter() - started
+  row.update(advantage_shares(batch, np.array([r.success for r in trained], np.float32)))
   started = time.perf_counter()
+  before = jax.tree.map(jnp.copy, trainer.state.params)  # (the updates donate the state's buffers)
   updates = ppo_updates(trainer, batch, buckets, epochs=ppo_epochs, num_minibatches=num_minibatches, rng=rng,
                         minibatch_order=minibatch_order, minibatch_rows=rows)
   row.update(mean_metrics(updates))  # the step's updates, averaged (waits for the last one)
+  row["update/param_change"] = float(relative_change(trainer.state.params, before))
+  del before
   row["time/ppo_s"] = time.perf_counter() - started
   row["behaviour_logp_gap"] = float(np.sum((batch["old_logp"] - batch["logprobs"]) * batch["loss_mask"])
                                     / max(float(batch["loss_mask"].sum()), 1.0))
