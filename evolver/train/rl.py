@@ -50,15 +50,16 @@ from evolver.models import sharding
 from evolver.models import tokenizer as tokenizer_lib
 from evolver.models.decoder import Decoder
 from evolver.rl import losses
-from evolver.rollout import Rollout, RolloutBatch, RolloutConfig
+from evolver.rollout import Rollout, RolloutBatch, RolloutConfig, Task
 from evolver.train import advantages as advantages_lib
+from evolver.train import curriculum as curriculum_lib
 from evolver.train import extensions as extensions_lib
 from evolver.train import optimizer as optimizer_lib
 from evolver.train import step as step_lib
 from evolver.train import trainer as trainer_lib
 from evolver.train.extensions import RLExtension, chain_openings
 from evolver.train.loop import Loop, mean_metrics
-from evolver.train.slices import TaskSlices, draw_tasks
+from evolver.train.slices import TaskSlices
 
 RL_KEYS = ("input_ids", "loss_mask", "exp_mask", "advantages", "old_logp", "ref_logp")
 
@@ -288,14 +289,33 @@ def advantage_shares(batch: dict[str, np.ndarray], success: np.ndarray) -> dict[
           "adv/negative_share": float((weight * (advantages < 0)).sum() / total)}
 
 
-def signal_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
-  """`rollout/groups`: the groups that train; `rollout/signal_fraction`: the share of them whose rewards differ
-  (a group of equal rewards has zero advantage everywhere: it trains nothing but the KL term)."""
+def groups_with_signal(rollouts: Sequence[Rollout]) -> set[int]:
+  """The groups whose scored episodes' rewards differ (a group of equal rewards has zero advantage everywhere: it
+  trains nothing but the KL term)."""
   rewards: dict[int, set[float]] = collections.defaultdict(set)
   for r in rollouts:
     rewards[r.group].add(float(r.reward))
-  mixed = sum(len(values) > 1 for values in rewards.values())
-  return {"rollout/groups": len(rewards), "rollout/signal_fraction": mixed / len(rewards) if rewards else 0.0}
+  return {group for group, values in rewards.items() if len(values) > 1}
+
+
+def with_signal(rollouts: Sequence[Rollout]) -> list[Rollout]:
+  """The rollouts of `groups_with_signal` (DAPO's dynamic sampling keeps these)."""
+  groups = groups_with_signal(rollouts)
+  return [r for r in rollouts if r.group in groups]
+
+
+def signal_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+  """`rollout/groups`: the step's first draw's groups with a scored episode; `rollout/signal_fraction`: the share of
+  them whose rewards differ (`groups_with_signal`)."""
+  groups = {r.group for r in rollouts}
+  return {"rollout/groups": len(groups),
+          "rollout/signal_fraction": len(groups_with_signal(rollouts)) / len(groups) if groups else 0.0}
+
+
+def round_seed(seed: int, step: int, round_index: int) -> int:
+  """The rollout seed of RL step `step`'s round `round_index` (0: the step's draw; >= 1: dynamic sampling's
+  refills, each with its own episodes even when a task is drawn again)."""
+  return seed * 100003 + step + round_index * 7_919_000
 
 
 def with_peers(rollouts: Sequence[Rollout]) -> tuple[list[Rollout], int]:
@@ -316,7 +336,7 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   a step can have), every scoring chunk and update is padded to `update_rows` of it: the same programs each step.
   Returns the step's metrics."""
   trained, lone = with_peers(rollouts)
-  row: dict[str, Any] = {"rollout/lone_groups": lone, **signal_metrics(trained)}
+  row: dict[str, Any] = {"rollout/lone_groups": lone}
   if not trained:
     trainer.state = trainer.state.replace(step=trainer.state.step + ppo_epochs * num_minibatches)
     return row
@@ -357,6 +377,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
                advantage_fn: advantages_lib.AdvantageFn = advantages_lib.grpo_turn_advantages,
                extensions: Sequence[RLExtension] = (), record_expert_actions: bool = False,
                head_chunk_rows: int | None = None, minibatch_order: str = "random",
+               task_source: curriculum_lib.UniformTasks | None = None, dynamic_sampling_rounds: int = 0,
                tokenizer_path: str | None = None) -> dict[str, Any]:
   """Runs (or resumes) GRPO from a BC run or a transformers checkpoint. Returns the final `eval` results (empty
   when LoopConfig.eval_tasks is 0).
@@ -375,6 +396,13 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
     head_chunk_rows: log-probabilities (updates and behaviour/reference scoring) through the LM head this many
       tokens at a time instead of full `[B, T, V]` logits: the memory peak at a large vocabulary.
     minibatch_order: "random" or "length" (`ppo_updates`).
+    task_source: how each step draws its tasks from the exploration slice (`evolver.train.curriculum`): None,
+      uniformly (`UniformTasks`); `PassRateCurriculum()` favours tasks whose recent pass rate is in (0, 1).
+      Drawn before the extensions' `choose_tasks`.
+    dynamic_sampling_rounds: DAPO's dynamic sampling: 0 (off) trains every group; N > 0 leaves out the groups
+      whose rewards are all equal and refills them from new draws of the task source (`tasks_per_step` tasks a
+      round, the first groups with signal kept), up to N extra rounds (fewer groups train when the rounds run
+      out). `rollout/episodes` counts what a step spent, `rollout/signal_groups` what trained.
   """
   if not init_checkpoint and not hf_checkpoint:
     raise ValueError("GRPO continues a policy: set INIT_CHECKPOINT to a BC run's MODEL_DIR, e.g. "
@@ -382,9 +410,13 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
                      "directory (gin_configs/real/)")
   if group_size < 2:
     raise ValueError(f"GRPO compares a task's episodes with each other: group_size must be >= 2, got {group_size}")
+  if dynamic_sampling_rounds < 0:
+    raise ValueError(f"dynamic_sampling_rounds must be >= 0, got {dynamic_sampling_rounds}")
   slices = TaskSlices()
   slices.check_disjoint("val", "explore")
   extensions = list(extensions)
+  task_source = task_source if task_source is not None else curriculum_lib.UniformTasks()
+  task_source.bind(envs, start=slices.explore_start, count=slices.explore_count, seed=seed)
   model = trainer_lib.init_policy(init_checkpoint=init_checkpoint, hf_checkpoint=hf_checkpoint)
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
   trainer_lib.check_vocabulary(model, tokenizer)
@@ -395,7 +427,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
   del model
   ref_params = trainer.policy_params()  # the frozen reference: the starting policy, sharded like it
   loop = Loop("grpo", model_dir, trainer, tokenizer, envs=envs, val_indices=slices.val_indices,
-              updates_per_step=updates_per_step, state_owners=extensions)
+              updates_per_step=updates_per_step, state_owners=[*extensions, task_source])
   loop.eval_openings = lambda step: chain_openings(extensions, step, validating=True)
   # LLM roles played by the live policy (`evolver.models.generate.LivePolicyGenerate`: a summarizer, a judge) sample
   # with the weights that sampled the current step (`loop.engine`), never with weights mid-update.
@@ -414,28 +446,53 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
                                        **dict.fromkeys(advantages_lib.rollout_records(advantage_fn), True))
 
   precompiled: list[int] = []
+  engine = loop.engine
 
-  def grpo_step() -> dict[str, Any]:
-    step = loop.step  # 0-based index of this RL step; its row is logged as step + 1
-    tasks = draw_tasks(envs, slices.explore_start, slices.explore_count, tasks_per_step, seed, step)
-    for ext in extensions:
-      tasks = ext.choose_tasks(step, tasks)
-    started = time.perf_counter()
-    engine = loop.sync_policy()
+  def roll(step: int, round_index: int, tasks: list[Task], group_offset: int) -> tuple[RolloutBatch, list[Rollout]]:
+    """One round of the step's rollouts: the batch (groups numbered from `group_offset`) and what trains of it."""
     if not precompiled:  # the sampler's whole program set, once per process (in the first step's rollout time)
       precompiled.append(engine.precompile(rollout_config, len(tasks)))
-    rolled = engine.run(tasks, dataclasses.replace(rollout_config, seed=seed * 100003 + step),
+    rolled = engine.run(tasks, dataclasses.replace(rollout_config, seed=round_seed(seed, step, round_index)),
                         transform_openings=chain_openings(extensions, step))
-    row: dict[str, Any] = {"time/rollout_s": time.perf_counter() - started}  # sampling and env steps
+    if group_offset:
+      rolled.trajectories = [dataclasses.replace(t, group=t.group + group_offset) for t in rolled.trajectories]
     # Every episode the environment scored counts, however long: its reward is in its group's baseline, and one
     # longer than the largest bucket trains on its first buckets[-1] tokens (its later actions are not trained).
     # Dropping long episodes instead would drop most failures (they run to the turn limit) and leave groups
     # whose only members are successes, with no advantage at all.
-    kept = extensions_lib.training_rollouts(extensions, step, [t for t in rolled.trajectories if not t.failed],
-                                            tokenizer)
-    row.update(rollout_metrics(rolled, kept, buckets))
+    return rolled, extensions_lib.training_rollouts(extensions, step, [t for t in rolled.trajectories if not t.failed],
+                                                    tokenizer)
+
+  def grpo_step() -> dict[str, Any]:
+    nonlocal engine
+    step = loop.step  # 0-based index of this RL step; its row is logged as step + 1
+    tasks = task_source.draw(step, 0, tasks_per_step)
     for ext in extensions:
-      ext.before_update(step, rolled.trajectories)
+      tasks = ext.choose_tasks(step, tasks)
+    started = time.perf_counter()
+    engine = loop.sync_policy()
+    rolled, kept = roll(step, 0, tasks, 0)
+    row: dict[str, Any] = rollout_metrics(rolled, kept, buckets)
+    row.update(signal_metrics(kept))
+    trajectories = list(rolled.trajectories)
+    if dynamic_sampling_rounds:  # DAPO: only groups with signal train; refill the rest with new draws
+      kept = with_signal(kept)
+      round_index = 0
+      while round_index < dynamic_sampling_rounds and len({r.group for r in kept}) < tasks_per_step:
+        # A refill round draws a whole step's tasks (the sampler's programs are those of the first round) and
+        # keeps as many groups with signal as are missing, in draw order; the rest of its episodes are spent.
+        round_index += 1
+        wanted = tasks_per_step - len({r.group for r in kept})
+        more, more_kept = roll(step, round_index, task_source.draw(step, round_index, tasks_per_step),
+                               len(trajectories))
+        trajectories.extend(more.trajectories)
+        fill = sorted(groups_with_signal(more_kept))[:wanted]
+        kept.extend(r for r in more_kept if r.group in fill)
+      row.update({"rollout/rounds": round_index + 1, "rollout/signal_groups": len({r.group for r in kept})})
+    row["rollout/episodes"] = len(trajectories)  # what the step spent, every round
+    row["time/rollout_s"] = time.perf_counter() - started  # sampling and env steps
+    for ext in extensions:
+      ext.before_update(step, trajectories)
     started = time.perf_counter()
     max_rows = tasks_per_step * group_size  # (a step with more rows pads them to their own power of two)
     if len(precompiled) == 1:  # and the updates' programs at every length bucket (in its update time)
@@ -448,8 +505,9 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
                            step=step, minibatch_order=minibatch_order, max_rows=max_rows))
     row["time/update_s"] = time.perf_counter() - started  # advantages, old/reference logprobs, the PPO updates
     row["loss"] = row.get("loss", float("nan"))
+    row.update(prefixed("curriculum", task_source.observe(trajectories)))
     for ext in extensions:
-      row.update(prefixed(ext.name, ext.after_step(step, rolled.trajectories)))
+      row.update(prefixed(ext.name, ext.after_step(step, trajectories)))
     return row
 
   try:

@@ -1,5 +1,6 @@
 """GRPO: the HET-PPO train step across meshes, and `launch.train` with runs/grpo.gin end to end."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -165,3 +166,31 @@ def test_grpo_runs_from_a_bc_checkpoint_and_resumes(bc_checkpoint, tmp_path):
   proc = launch("grpo.gin", run_dir, 3, *grpo)
   assert "resuming at step 1" in proc.stdout
   assert [r["step"] for r in metrics_lib.read_metrics(str(run_dir))] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_and_the_curriculum_count_their_episodes_and_resume_exactly(bc_checkpoint, tmp_path):
+  grpo = ["train_grpo.envs = ['maze']", "train_grpo.tasks_per_step = 2", "train_grpo.group_size = 2",
+          "TaskSlices.val_count = 0", "train_grpo.max_new_tokens = 16", "train_grpo.max_rounds = 2",
+          f"INIT_CHECKPOINT = '{bc_checkpoint}'", "TrainerConfig.checkpoint_every = 1", "train_grpo.buckets = (320,)",
+          "train_grpo.dynamic_sampling_rounds = 2", "train_grpo.task_source = @PassRateCurriculum()",
+          "TaskSlices.explore_count = 4"]
+  run_dir = tmp_path / "dapo"
+  launch("grpo.gin", run_dir, 2, *grpo)
+  rows = metrics_lib.read_metrics(str(run_dir))
+  for r in rows:
+    # Each round draws a whole step's tasks; groups with signal fill the step, the rest are spent.
+    assert r["rollout/episodes"] == r["rollout/rounds"] * 2 * 2
+    assert r["rollout/signal_groups"] <= 2 and (r["rollout/rounds"] == 3 or r["rollout/signal_groups"] == 2)
+    assert r["curriculum/mixed"] + r["curriculum/settled"] + r["curriculum/unseen"] == 4
+  assert rows[1]["curriculum/unseen"] < 4  # what step 1 saw is kept, and drawn from
+  checkpoints = ckpt_lib.Checkpointer(str(run_dir), async_save=False)
+  saved = json.loads(checkpoints.restore_state_files(2)["curriculum"]["pass_rates.json"])  # (update 2: step 1)
+  assert saved and all(k.startswith("maze/") and 0 < len(v) <= 16 for k, v in saved.items())
+  # Resumed from step 1's checkpoint, step 2 draws and rolls out exactly what it did.
+  shutil.rmtree(os.path.join(ckpt_lib.checkpoint_dir(str(run_dir)), "4"))
+  launch("grpo.gin", run_dir, 2, *grpo)
+  again = metrics_lib.read_metrics(str(run_dir))[1]
+  for key in ("rollout/episodes", "rollout/success", "rollout/sampled_tokens", "curriculum/mixed",
+              "curriculum/unseen"):
+    assert again[key] == rows[1][key], key

@@ -36,11 +36,11 @@ class Counter:
 
 
 def make_loop(model_dir, tokenizer, owner, *, val=(), eval_every=0, eval_tasks=0, checkpoint_every=2,
-              max_context_tokens=None):
+              max_context_tokens=None, **loop_config):
   trainer = Trainer(str(model_dir), make_model(CONFIG, seed=0), optimizer_lib.make_optimizer(10, learning_rate=1e-2),
                     step_lib.sft_loss_fn, config=TrainerConfig(checkpoint_every=checkpoint_every, async_checkpoint=False))
   config = LoopConfig(eval_every=eval_every, eval_tasks=eval_tasks, eval_max_new_tokens=8, eval_max_rounds=1,
-                      max_context_tokens=max_context_tokens)
+                      max_context_tokens=max_context_tokens, **loop_config)
   return Loop("test", str(model_dir), trainer, tokenizer, envs=["maze"], val_indices=list(val), config=config,
               state_owners=[owner])
 
@@ -105,6 +105,38 @@ def test_val_selects_and_the_report_is_of_the_selected_policy(tmp_path, tokenize
   assert results["envs"]["maze"]["num_tasks"] == 2
   assert json.loads((tmp_path / "eval_results.json").read_text())["policy_step"] == 2
   assert "eval/overall/success" in metrics_lib.read_metrics(str(tmp_path))[-1]
+
+
+def test_the_start_is_a_val_candidate_and_sampled_val_repeats_its_tasks_and_seeds(tmp_path, tokenizer, batch):
+  owner = Counter()
+  loop = make_loop(tmp_path, tokenizer, owner, val=[0, 1], eval_every=1, eval_tasks=2, checkpoint_every=100,
+                   val_start=True, val_samples=2, eval_samples=2)
+  loop.resume()
+  run_steps(loop, batch, owner, 2)
+  rows = metrics_lib.read_metrics(str(tmp_path))
+  assert [r["step"] for r in rows if "val/overall/success" in r] == [0, 1, 2]
+  assert rows[0]["step"] == 0 and rows[0]["val/overall/num_episodes"] == 4  # 2 tasks x 2 samples
+  # One round solves no maze: every val ties, and a tie keeps the earlier candidate, the start.
+  assert loop.trainer.best_step() == 0
+  records = [json.loads((tmp_path / "val" / f"step_{s}.json").read_text()) for s in (0, 1, 2)]
+  keys = [sorted((e["env"], e["index"], e["sample"]) for e in r["episodes"]) for r in records]
+  assert keys[0] == keys[1] == keys[2] == [("maze", i, s) for i in (0, 1) for s in (0, 1)]
+  assert all(r["num_samples"] == 2 and r["temperature"] == 1.0 and r["seed"] == 0 for r in records)
+  results = loop.finish()
+  assert results["policy_step"] == 0 and results["selected_on"] == "val" and results["num_samples"] == 1
+  samples = json.loads((tmp_path / "eval_samples.json").read_text())
+  assert samples["num_samples"] == 2 and samples["policy_step"] == 0 and len(samples["episodes"]) == 4
+  last = metrics_lib.read_metrics(str(tmp_path))[-1]
+  assert "eval/overall/success" in last and "eval_sampled/overall/success" in last
+
+
+def test_loop_config_refuses_unpaired_or_degenerate_sampling():
+  with pytest.raises(ValueError, match="val_samples"):
+    LoopConfig(val_samples=0)
+  with pytest.raises(ValueError, match="eval_samples"):
+    LoopConfig(eval_samples=1)
+  with pytest.raises(ValueError, match="val_temperature > 0"):
+    LoopConfig(val_samples=4, val_temperature=0.0)
 
 
 def test_a_checkpoint_with_state_of_an_unknown_owner_is_refused(tmp_path, tokenizer, batch):
