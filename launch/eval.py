@@ -11,6 +11,24 @@ training run (the latest checkpoint, `--step N`, or `--best`, the one selected o
 tiny tokenizer unless `--tokenizer` says otherwise. Greedy by default; `--num_samples k` reports avg@k
 (`success`) and best@k (`best_success`).
 
+Held-out noise, paired (`launch.sweep_report.paired_comparison`):
+
+  python -m launch.eval --model_dir runs/grpo --best --envs maze,sql --num_samples 4 --with_greedy --out runs/grpo
+  python -m launch.eval --model_dir runs/grpo2 --best --envs maze,sql --num_samples 4 --with_greedy \
+      --out runs/grpo2 --baseline runs/grpo
+
+`--with_greedy` runs the sampled evaluation (k >= 2, at `--temperature`, default 1.0) and the greedy one and writes
+them into the directory `--out` (default MODEL_DIR, else the working directory) as eval_samples.json and
+eval_results.json, the files a training run and `launch.sweep_report` use. The tasks and each episode's sampling
+randomness depend only on the envs, `--split`, `--start`/`--num_tasks` and `--seed`, so two policies evaluated
+alike play the same episodes. `--baseline PATH` (a results file, or a directory with eval_results.json and/or
+eval_samples.json, e.g. a run's MODEL_DIR) then compares each kind both have (greedy; avg@k): this minus baseline
+success per env and overall over the episodes present in both, paired by (env, index, sample), with a paired
+bootstrap 95% interval resampling tasks. "overall" weights envs equally, as the overall success does: the mean
+over envs of each env's difference, its interval from resampling each env's tasks and averaging the env means.
+Evaluations that differ in split, num_samples, temperature or (sampled) top_p or seed are not paired: refused. The
+table is printed and written as paired.json beside the results.
+
 `--policy openai` plays the same episodes with a model behind an OpenAI-compatible chat endpoint (a vLLM or SGLang
 server, or a hosted API; `evolver.rollout.api`): each assistant turn is one `/chat/completions` request with the
 conversation so far. Requests are retried with backoff on connection errors, 429 (after its Retry-After) and
@@ -22,19 +40,23 @@ results carry the endpoint and model under "policy" and the request counts under
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
 
 from evolver import envs as envs_lib
+from evolver import paths
 from evolver.models import load_hf
 from evolver.models import tokenizer as tokenizer_lib
 from evolver.models.openai_api import APIRequestError, OpenAIChat
 from evolver.models.sampler import Sampler
 from evolver.rollout import APIRolloutEngine
 from evolver.train import evaluation
+from launch import sweep_report
 
 POLICIES = ("local", "openai")
+PAIRED_FILE = "paired.json"  # --baseline's comparison, beside the results
 
 
 def load_policy(args: argparse.Namespace):
@@ -96,6 +118,98 @@ def results_path(out: str | None, model_dir: str | None) -> str:
   return os.path.join(model_dir, "eval_results.json") if model_dir else "eval_results.json"
 
 
+def with_greedy_paths(out: str | None, model_dir: str | None) -> dict[str, str]:
+  """--with_greedy's files: {"greedy": DIR/eval_results.json, "sampled": DIR/eval_samples.json}, DIR being `out`
+  (default MODEL_DIR, else the working directory)."""
+  if out and out.endswith(".json"):
+    raise SystemExit(f"--with_greedy writes two files ({sweep_report.EVAL_FILE}, {sweep_report.SAMPLES_FILE}): "
+                     f"--out is their directory, not a file ({out})")
+  directory = out or model_dir or "."
+  return {"greedy": os.path.join(directory, sweep_report.EVAL_FILE),
+          "sampled": os.path.join(directory, sweep_report.SAMPLES_FILE)}
+
+
+def load_evaluations(path: str) -> dict[str, dict[str, Any]]:
+  """Kind ("greedy" | "sampled") -> the evaluation(s) at `path`: a results file, or a directory holding
+  eval_results.json and/or eval_samples.json (`sweep_report.split_kinds`). Raises SystemExit where there is none."""
+  target = paths.as_path(path)
+  files = [target / sweep_report.EVAL_FILE, target / sweep_report.SAMPLES_FILE] if target.is_dir() else [target]
+  evals = []
+  for f in files:
+    if f.exists():
+      try:
+        evals.append(json.loads(f.read_text()))
+      except ValueError as error:
+        raise SystemExit(f"--baseline: {f} is not a results JSON ({error})") from None
+  greedy, sampled = sweep_report.split_kinds(evals)
+  found = {kind: e for kind, e in (("greedy", greedy), ("sampled", sampled)) if e is not None}
+  if not found:
+    raise SystemExit(f"--baseline {path}: no evaluation there (a results JSON, or a directory with "
+                     f"{sweep_report.EVAL_FILE} or {sweep_report.SAMPLES_FILE})")
+  return found
+
+
+def planned_runs(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+  """Kind -> the pairing settings (`sweep_report.PAIRING_SETTINGS`) of each evaluation this command runs: the one
+  asked for and, with --with_greedy, the greedy one after it (temperature as `evaluation.evaluate` defaults it)."""
+  temperature = args.temperature if args.temperature is not None else 0.0 if args.num_samples == 1 else 1.0
+  runs = [(args.num_samples, temperature)] + ([(1, 0.0)] if args.with_greedy else [])
+  out = {}
+  for num_samples, temp in runs:
+    settings = {"split": args.split, "num_samples": num_samples, "temperature": temp, "top_p": args.top_p,
+                "seed": args.seed}
+    out[sweep_report.evaluation_kind(settings)] = settings
+  return out
+
+
+def check_pairable(planned: dict[str, dict[str, Any]], baseline: dict[str, dict[str, Any]]) -> None:
+  """Before any episode runs: SystemExit where no planned evaluation's kind is in the baseline, or one that is
+  would not pair with it (`sweep_report.pairing_mismatch`)."""
+  kinds = [k for k in sweep_report.KINDS if k in planned and k in baseline]
+  if not kinds:
+    raise SystemExit(f"nothing to compare: this evaluation is {', '.join(planned)} and the baseline's "
+                     f"{', '.join(baseline)} (--num_samples k --with_greedy gives both kinds)")
+  for kind in kinds:
+    mismatch = sweep_report.pairing_mismatch(planned[kind], baseline[kind])
+    if mismatch:
+      raise SystemExit(f"--baseline, {kind}: the evaluations would not be paired: they differ in "
+                       f"{', '.join(mismatch)} (this run vs the baseline); evaluate with the baseline's settings")
+
+
+def compare(evals: dict[str, dict[str, Any]], baseline: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+  """Kind -> `sweep_report.paired_comparison` of this run's evaluation with the baseline's, for each kind both have.
+  Raises SystemExit where they have no kind in common, or a common kind is not paired or shares no episode."""
+  check_pairable(evals, baseline)
+  out = {}
+  for kind in (k for k in sweep_report.KINDS if k in evals and k in baseline):
+    try:
+      out[kind] = sweep_report.paired_comparison(evals[kind], baseline[kind])
+    except ValueError as error:
+      raise SystemExit(f"--baseline, {kind}: {error}") from None
+  return out
+
+
+def paired_table(comparisons: dict[str, dict[str, Any]]) -> str:
+  """Per env and overall, per kind: this, baseline, diff, its 95% interval and the tasks paired."""
+  head = f"{'env':<12}{'kind':<9}{'this':>7}{'baseline':>10}{'diff':>9}  {'95% CI':<19}{'tasks':>6}"
+  lines = [head, "-" * len(head)]
+  for c in comparisons.values():
+    for name, e in [*c["envs"].items(), ("overall", c["overall"])]:
+      ci = f"[{e['lo']:+.3f}, {e['hi']:+.3f}]"
+      lines.append(f"{name:<12}{c['kind']:<9}{e['this']:>7.3f}{e['baseline']:>10.3f}{e['diff']:>+9.3f}  {ci:<19}"
+                   f"{e['tasks']:>6}")
+  for c in comparisons.values():
+    if c["unpaired"]["this"] or c["unpaired"]["baseline"]:
+      lines.append(f"{c['kind']}: left out, present in one only: {c['unpaired']['this']} episodes of this, "
+                   f"{c['unpaired']['baseline']} of the baseline")
+    if c["protocol"]:
+      lines.append(f"{c['kind']}: note, the evaluations' limits differ ({'; '.join(c['protocol'])}): part of the "
+                   "difference may be theirs")
+  lines.append("overall: the mean over envs (each env counts the same); intervals: paired bootstrap over tasks, "
+               f"{sweep_report.NUM_RESAMPLES:,} resamples")
+  return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--policy", default="local", choices=POLICIES,
@@ -120,7 +234,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--max_context_tokens", type=int, default=None,
                       help="tokens an episode may hold (the sampler's cache per row; default the model's positions, "
                            "at most 4,096); an episode that outgrows it ends, marked truncated")
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--seed", type=int, default=0,
+                      help="the sampling randomness (each episode's key: this seed, its task and sample index)")
+  parser.add_argument("--with_greedy", action="store_true",
+                      help="with --num_samples k >= 2: also the greedy evaluation; --out is then a directory that "
+                           f"gets {sweep_report.EVAL_FILE} (greedy) and {sweep_report.SAMPLES_FILE} (sampled)")
+  parser.add_argument("--baseline", default=None,
+                      help="another evaluation (a results JSON, or a directory with eval_results.json and/or "
+                           "eval_samples.json): paired differences with 95%% intervals -> paired.json")
   api = parser.add_argument_group("--policy openai")
   api.add_argument("--base_url", default=None, help="the API root, e.g. http://127.0.0.1:8000/v1")
   api.add_argument("--model", default=None, help="the model name the endpoint serves")
@@ -133,9 +254,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   api.add_argument("--stop", action="append", default=[], help="a stop string (repeatable; default none)")
   parser.add_argument("--out", default=None,
                       help="output file (or directory); default MODEL_DIR/eval_results.json with --model_dir, "
-                           "else eval_results.json")
+                           "else eval_results.json; with --with_greedy a directory (default MODEL_DIR, else .)")
   args = parser.parse_args(argv)
 
+  if args.with_greedy and args.num_samples < 2:
+    raise SystemExit("--with_greedy adds the greedy evaluation to a sampled one: give --num_samples k >= 2")
+  outputs = with_greedy_paths(args.out, args.model_dir) if args.with_greedy else None
+  planned = planned_runs(args)
+  baseline = load_evaluations(args.baseline) if args.baseline else None
+  if baseline is not None:
+    check_pairable(planned, baseline)
   names = [n.strip() for n in args.envs.split(",") if n.strip()]
   urls = parse_env_urls(args.env_urls)
   known = envs_lib.names() + envs_lib.benchmark_names()
@@ -152,24 +280,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        "--hf_checkpoint DIR or --model_dir RUN")
     model, tok, source = load_policy(args)
     policy = Sampler(model, max_length=args.max_context_tokens)
+  evals = {}
   try:
-    results = evaluation.evaluate(
-        policy, tok, names, split=args.split, start=args.start, num_tasks=args.num_tasks,
-        num_samples=args.num_samples, temperature=args.temperature, top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, batch_size=args.batch_size, seed=args.seed,
-        env_factory=env_factory)
+    for kind, settings in planned.items():
+      results = evaluation.evaluate(
+          policy, tok, names, split=args.split, start=args.start, num_tasks=args.num_tasks,
+          num_samples=settings["num_samples"], temperature=settings["temperature"], top_p=args.top_p,
+          max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, batch_size=args.batch_size,
+          seed=args.seed, env_factory=env_factory)
+      results["policy"] = source
+      evals[kind] = results
   except APIRequestError as error:
     raise SystemExit(f"the endpoint refused a request: {error}") from None
   finally:
     if isinstance(policy, APIRolloutEngine):
       policy.close()
-  results["policy"] = source
-  out = results_path(args.out, args.model_dir)
-  path = evaluation.write_eval_results(out, results)
-  evaluation.print_table(results)
-  print(f"wrote {path}")
+  written = []
+  for kind, results in evals.items():
+    target = outputs[kind] if outputs else results_path(args.out, args.model_dir)
+    written.append(evaluation.write_eval_results(target, results))
+    print(f"\n{sweep_report.kind_label(results)}:")
+    evaluation.print_table(results)
+  for path in written:
+    print(f"wrote {path}")
+  if baseline is not None:
+    comparisons = compare(evals, baseline)
+    print(f"\nthis minus the baseline ({args.baseline}), paired by (env, index, sample):")
+    print(paired_table(comparisons))
+    skipped = [sweep_report.kind_label(evals[k]) for k in evals if k not in comparisons]
+    if skipped:
+      print(f"not compared (the baseline has no such evaluation): {', '.join(skipped)}")
+    paired_path = os.path.join(os.path.dirname(written[0]), PAIRED_FILE)
+    print(f"wrote {paths.write_json(paired_path, {'baseline': args.baseline, 'policy': source, **comparisons})}")
   sys.stdout.flush()
-  return results
+  return next(iter(evals.values()))  # the requested evaluation (with --with_greedy, the sampled one)
 
 
 if __name__ == "__main__":

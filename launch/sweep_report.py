@@ -25,8 +25,10 @@ What it writes (success figures are fractions of episodes in [0, 1]):
   ROOT/results.csv    one row per job, in sweep.json's order (`csv_columns`); empty cells where nothing is recorded
   ROOT/results.md     one row per grid point: each env's and the overall held-out greedy success as mean +- sample
                       std over the seeds with a result, each seed's overall figure, avg@k where recorded and, with a
-                      baseline point, the paired bootstrap 95% interval of (point - baseline) overall success; the
-                      best point is marked where its gain is larger than the seed spread and the interval is above 0
+                      baseline point, the paired bootstrap 95% interval of (point - baseline) overall success,
+                      greedy and avg@k (`paired_job_episodes`: seed by seed, or every seed against a baseline point
+                      of a single job); the best point is marked where its greedy gain is larger than the seed
+                      spread and the interval is above 0
   ROOT/plots/success_<env|overall>.png   success against the first swept name, one line per value of the others
   ROOT/plots/curve_rollout_<success|reward>.png   learning curves against the step, one line per job
 """
@@ -57,6 +59,11 @@ CURVE_METRICS = ("rollout/success", "rollout/reward")
 NUM_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 BEST_MARK = "(*)"
+KINDS = ("greedy", "sampled")  # an evaluation's kind (`evaluation_kind`): greedy, or sampled avg@k
+# What pairs two evaluations' episodes (`pairing_mismatch`), and its value where a file does not record it.
+PAIRING_SETTINGS = ("split", "num_samples", "temperature", "top_p", "seed")
+SETTING_DEFAULTS = {"num_samples": 1, "temperature": 0.0, "top_p": 1.0, "seed": 0}
+PROTOCOL_SETTINGS = ("max_new_tokens", "max_rounds")  # limits that change an episode, not its pairing
 
 
 @dataclasses.dataclass
@@ -76,6 +83,10 @@ class JobRecord:
   def counted(self) -> bool:
     """Whether its held-out figures count (module docstring)."""
     return self.state not in NO_RESULT_STATES
+
+  def evaluation(self, kind: str) -> dict[str, Any] | None:
+    """Its counted evaluation of `kind` ("greedy" | "sampled"); None where it has none or it does not count."""
+    return (self.greedy if kind == "greedy" else self.sampled) if self.counted else None
 
 
 # ---------------------------------------------------------------------------------------------------------- reading
@@ -137,6 +148,15 @@ def is_greedy(results: Mapping[str, Any]) -> bool:
   return int(results.get("num_samples", 1)) == 1 and float(results.get("temperature", 0.0)) == 0.0
 
 
+def split_kinds(evals: Sequence[Mapping[str, Any]]) -> tuple[Any, Any]:
+  """(greedy, sampled) of an eval_results.json and an eval_samples.json as read (absent ones left out, in that
+  order): the first greedy evaluation, and the last sampled one (eval_samples.json, else a sampled
+  eval_results.json); None for a kind there is none of."""
+  greedy = next((e for e in evals if is_greedy(e)), None)
+  sampled = next((e for e in reversed(evals) if not is_greedy(e)), None)
+  return greedy, sampled
+
+
 def job_state(status: Mapping[str, Any] | None, has_metrics: bool, has_eval: bool) -> str:
   """The job's state: job_status.json's; without one (a job a scheduler ran from its bare `launch.train` line)
   "done" where it wrote its held-out evaluation (a run writes it at its end), "incomplete" where it wrote only
@@ -153,8 +173,7 @@ def read_job(root: paths.PathLike, job: Mapping[str, Any]) -> JobRecord:
   job_dir = paths.as_path(root) / job["name"]
   status = _read_json(job_dir / STATUS_FILE)
   evals = [e for e in (_read_json(job_dir / EVAL_FILE), _read_json(job_dir / SAMPLES_FILE)) if e is not None]
-  greedy = next((e for e in evals if is_greedy(e)), None)
-  sampled = next((e for e in reversed(evals) if not is_greedy(e)), None)
+  greedy, sampled = split_kinds(evals)
   metrics = read_metrics(job_dir / METRICS_FILE)
   state = job_state(status, bool(metrics), bool(evals))
   return JobRecord(name=job["name"], point=job["point"], seed=int(job["seed"]),
@@ -240,6 +259,33 @@ def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
   return mean, (float(np.std(values, ddof=1)) if len(values) > 1 else None)
 
 
+def _resampled_means(diffs: np.ndarray, groups: np.ndarray, num_resamples: int,
+                     rng: np.random.Generator) -> np.ndarray:
+  """[num_resamples] float64: per resample, the mean difference over the pairs of G groups drawn with replacement
+  (`rng.integers(0, G, size=(num_resamples, G))`, drawn in chunks of rows: the same numbers); NaN for a resample of
+  group ids without pairs alone. `diffs` [P] float64, `groups` [P] int64 in [0, G), P >= 1."""
+  num_groups = int(groups.max()) + 1
+  sums = np.bincount(groups, weights=diffs, minlength=num_groups)
+  counts = np.bincount(groups, minlength=num_groups).astype(np.float64)
+  stats = np.empty(num_resamples)
+  chunk = max(1, min(num_resamples, 2_000_000 // num_groups))  # bounded memory for many tasks
+  for start in range(0, num_resamples, chunk):
+    draws = rng.integers(0, num_groups, size=(min(chunk, num_resamples - start), num_groups))
+    total = counts[draws].sum(axis=1)
+    # (A group id without pairs adds nothing; a resample of such ids alone has no statistic and is left out.)
+    with np.errstate(invalid="ignore", divide="ignore"):
+      stats[start:start + len(draws)] = sums[draws].sum(axis=1) / total
+  return stats
+
+
+def _percentile_interval(stats: np.ndarray, level: float) -> tuple[float, float]:
+  """The (1 - level) / 2 and (1 + level) / 2 percentiles of the finite `stats`."""
+  stats = stats[np.isfinite(stats)]
+  tail = (1.0 - level) / 2 * 100
+  lo, hi = np.percentile(stats, [tail, 100 - tail])
+  return float(lo), float(hi)
+
+
 def paired_bootstrap(diffs: np.ndarray, groups: np.ndarray, num_resamples: int = NUM_RESAMPLES,
                      seed: int = BOOTSTRAP_SEED, level: float = 0.95) -> tuple[float, float, float] | None:
   """The mean of paired differences `diffs` and its bootstrap percentile interval, resampling the groups (tasks).
@@ -260,48 +306,176 @@ def paired_bootstrap(diffs: np.ndarray, groups: np.ndarray, num_resamples: int =
   groups = np.asarray(groups, dtype=np.int64)
   if diffs.size == 0:
     return None
-  num_groups = int(groups.max()) + 1
-  sums = np.bincount(groups, weights=diffs, minlength=num_groups)
-  counts = np.bincount(groups, minlength=num_groups).astype(np.float64)
+  stats = _resampled_means(diffs, groups, num_resamples, np.random.default_rng(seed))
+  return (float(diffs.mean()), *_percentile_interval(stats, level))
+
+
+def env_mean_bootstrap(by_env: Sequence[tuple[np.ndarray, np.ndarray]], num_resamples: int = NUM_RESAMPLES,
+                       seed: int = BOOTSTRAP_SEED, level: float = 0.95) -> tuple[float, float, float] | None:
+  """The mean over envs of each env's mean paired difference, and its bootstrap percentile interval.
+
+  Each env counts the same, as in an evaluation's `overall` success (the unweighted mean over envs), whatever its
+  number of pairs. A resample draws each env's tasks with replacement, independently (the envs in the order given,
+  from one `default_rng(seed)`; a single env gives `paired_bootstrap`'s numbers), and its statistic is the mean
+  over envs of the mean difference over the pairs of that env's tasks drawn.
+
+  Args:
+    by_env: per env, its (diffs [P_e] float, groups [P_e] int in [0, G_e)) as `paired_bootstrap` takes them; an
+      env without pairs is left out.
+    num_resamples, seed, level: as `paired_bootstrap`'s.
+
+  Returns:
+    (mean over envs of the mean difference, lo, hi), or None without pairs.
+  """
+  present = [(np.asarray(d, dtype=np.float64), np.asarray(g, dtype=np.int64)) for d, g in by_env if np.size(d)]
+  if not present:
+    return None
   rng = np.random.default_rng(seed)
-  stats = np.empty(num_resamples)
-  chunk = max(1, min(num_resamples, 2_000_000 // num_groups))  # bounded memory for many tasks
-  for start in range(0, num_resamples, chunk):
-    draws = rng.integers(0, num_groups, size=(min(chunk, num_resamples - start), num_groups))
-    total = counts[draws].sum(axis=1)
-    # (A group id without pairs adds nothing; a resample of such ids alone has no statistic and is left out.)
-    with np.errstate(invalid="ignore", divide="ignore"):
-      stats[start:start + len(draws)] = sums[draws].sum(axis=1) / total
-  stats = stats[np.isfinite(stats)]
-  tail = (1.0 - level) / 2 * 100
-  lo, hi = np.percentile(stats, [tail, 100 - tail])
-  return float(diffs.mean()), float(lo), float(hi)
+  stats = np.mean([_resampled_means(d, g, num_resamples, rng) for d, g in present], axis=0)
+  return (float(np.mean([d.mean() for d, _ in present])), *_percentile_interval(stats, level))
 
 
-def episode_successes(records: Sequence[JobRecord]) -> dict[tuple[int, str, int, int], float]:
-  """(seed, env, index, sample) -> success (0 or 1) of each greedy held-out episode that ran (not `failed`) of the
-  counted jobs."""
+# ---------------------------------------------------------------------------------------------------------- pairing
+
+
+def evaluation_kind(results: Mapping[str, Any]) -> str:
+  """"greedy" or "sampled" (avg@k): `is_greedy`."""
+  return "greedy" if is_greedy(results) else "sampled"
+
+
+def kind_label(results: Mapping[str, Any]) -> str:
+  """"greedy" or "avg@k" with its k, for tables."""
+  return "greedy" if is_greedy(results) else f"avg@{int(results.get('num_samples', 1))}"
+
+
+def evaluation_successes(results: Mapping[str, Any]) -> dict[tuple[str, int, int], float]:
+  """(env, index, sample) -> success (0 or 1) of each episode of an evaluation's "episodes" that ran (not
+  `failed`)."""
   out = {}
-  for r in records:
-    if not (r.counted and r.greedy):
+  for e in results.get("episodes") or []:
+    if e.get("failed") or e.get("success") is None:
       continue
-    for e in r.greedy.get("episodes") or []:
-      if e.get("failed") or e.get("success") is None:
-        continue
-      out[(r.seed, str(e["env"]), int(e["index"]), int(e.get("sample", 0)))] = float(e["success"])
+    out[(str(e["env"]), int(e["index"]), int(e.get("sample", 0)))] = float(e["success"])
   return out
 
 
-def paired_differences(point: Sequence[JobRecord], baseline: Sequence[JobRecord]) -> tuple[np.ndarray, np.ndarray]:
-  """Point minus baseline success of each episode present in both, paired by (seed, env, index, sample), and each
-  pair's task (env, index) as an integer (tasks in sorted order), for `paired_bootstrap`."""
-  a, b = episode_successes(point), episode_successes(baseline)
-  keys = sorted(set(a) & set(b))
-  tasks = sorted({(k[1], k[2]) for k in keys})
-  task_id = {t: i for i, t in enumerate(tasks)}
-  diffs = np.array([a[k] - b[k] for k in keys], dtype=np.float64)
-  groups = np.array([task_id[(k[1], k[2])] for k in keys], dtype=np.int64)
-  return diffs, groups
+def pairing_mismatch(results: Mapping[str, Any], baseline: Mapping[str, Any]) -> list[str]:
+  """The settings in which two evaluations differ so that their episodes are not paired, as 'name a vs b': the
+  split, num_samples and temperature, and where sampled (temperature > 0) top_p and the seed (the sampling
+  randomness; a greedy episode draws nothing, so greedy evaluations pair whatever their seed). [] where paired."""
+  names = ["split", "num_samples", "temperature"]
+  if float(results.get("temperature", 0.0)) > 0 or float(baseline.get("temperature", 0.0)) > 0:
+    names += ["top_p", "seed"]
+  setting = lambda r, n: r.get(n, SETTING_DEFAULTS.get(n))
+  return [f"{n} {setting(results, n)!r} vs {setting(baseline, n)!r}" for n in names
+          if setting(results, n) != setting(baseline, n)]
+
+
+def protocol_differences(results: Mapping[str, Any], baseline: Mapping[str, Any]) -> list[str]:
+  """Limits in which two paired evaluations differ (max_new_tokens, max_rounds), as 'name a vs b': their episodes
+  pair, but part of a difference may be the limits'."""
+  return [f"{n} {results.get(n)!r} vs {baseline.get(n)!r}" for n in PROTOCOL_SETTINGS
+          if results.get(n) != baseline.get(n)]
+
+
+def paired_differences(this: Mapping[tuple, float], baseline: Mapping[tuple, float],
+                       env: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """One env's episodes present in both, in sorted key order: this [P] and baseline [P] success, their difference
+  [P] and each pair's task (its index) as an integer in [0, tasks) (tasks in sorted order), for `paired_bootstrap`.
+
+  Args:
+    this, baseline: episode key -> success; a key is (env, index, ...), its task (env, index).
+    env: the env.
+  """
+  keys = sorted(k for k in this.keys() & baseline.keys() if k[0] == env)
+  task_id = {index: i for i, index in enumerate(sorted({k[1] for k in keys}))}
+  a = np.array([this[k] for k in keys], dtype=np.float64)
+  b = np.array([baseline[k] for k in keys], dtype=np.float64)
+  groups = np.array([task_id[k[1]] for k in keys], dtype=np.int64)
+  return a, b, a - b, groups
+
+
+def paired_summary(this: Mapping[tuple, float], baseline: Mapping[tuple, float]) -> dict[str, Any] | None:
+  """This minus baseline success, per env and overall, over the episodes present in both.
+
+  Args:
+    this, baseline: episode key -> success (0 or 1); a key is (env, index, ...), its task (env, index): the
+      episodes of one key are a pair.
+
+  Returns:
+    {"envs": {env: entry}, "overall": entry}, envs in the order `this` first lists them, where an entry is
+    {"this", "baseline": mean success over the paired episodes, "diff": this - baseline, "lo", "hi": its paired
+    bootstrap 95% interval resampling the tasks (`paired_bootstrap`), "pairs", "tasks"}. "overall" weights envs
+    equally, as an evaluation's overall success does: its figures are the mean over envs of each env's, and its
+    interval resamples each env's tasks and averages the env means (`env_mean_bootstrap`); its pairs and tasks
+    are the sums. None where no key is in both.
+  """
+  shared = this.keys() & baseline.keys()
+  if not shared:
+    return None
+  envs = _first_seen(k[0] for k in this if k in shared)
+  out: dict[str, Any] = {"envs": {}}
+  columns = []
+  for env in envs:
+    a, b, diffs, groups = paired_differences(this, baseline, env)
+    mean, lo, hi = paired_bootstrap(diffs, groups)
+    out["envs"][env] = {"this": float(a.mean()), "baseline": float(b.mean()), "diff": mean, "lo": lo, "hi": hi,
+                        "pairs": int(diffs.size), "tasks": int(groups.max()) + 1}
+    columns.append((diffs, groups))
+  mean, lo, hi = env_mean_bootstrap(columns)
+  entries = out["envs"].values()
+  out["overall"] = {"this": float(np.mean([e["this"] for e in entries])),
+                    "baseline": float(np.mean([e["baseline"] for e in entries])), "diff": mean, "lo": lo, "hi": hi,
+                    "pairs": sum(e["pairs"] for e in entries), "tasks": sum(e["tasks"] for e in entries)}
+  return out
+
+
+def paired_comparison(results: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
+  """This evaluation minus `baseline` (the same kind: both greedy, or both sampled at the same k, temperature and
+  seed), per env and overall, over the episodes present in both, paired by (env, index, sample) (`paired_summary`:
+  the overall difference is the mean over envs, as the overall success is).
+
+  Returns:
+    `paired_summary`'s {"envs", "overall"}, plus "kind" ("greedy" or "avg@k"), "settings" (split, num_samples,
+    temperature, top_p, seed of `results`), "unpaired" ({"this", "baseline"}: episodes that ran in one only, left
+    out) and "protocol" (`protocol_differences`).
+
+  Raises:
+    ValueError: the two differ in a setting that pairs their episodes (`pairing_mismatch`), or share no episode.
+  """
+  mismatch = pairing_mismatch(results, baseline)
+  if mismatch:
+    raise ValueError(f"the evaluations are not paired: they differ in {', '.join(mismatch)} (evaluate with the "
+                     "baseline's --split, --num_samples, --temperature, --top_p and --seed)")
+  a, b = evaluation_successes(results), evaluation_successes(baseline)
+  summary = paired_summary(a, b)
+  if summary is None:
+    raise ValueError(f"the evaluations share no episode (this: {len(a)} episodes of "
+                     f"{sorted({k[0] for k in a})}, baseline: {len(b)} of {sorted({k[0] for k in b})}; pairs are "
+                     "keyed by (env, index, sample), so evaluate the same envs and task indices)")
+  settings = {n: results.get(n, SETTING_DEFAULTS.get(n)) for n in PAIRING_SETTINGS}
+  return {"kind": kind_label(results), "settings": settings, **summary,
+          "unpaired": {"this": len(a.keys() - b.keys()), "baseline": len(b.keys() - a.keys())},
+          "protocol": protocol_differences(results, baseline)}
+
+
+def paired_job_episodes(point: Sequence[JobRecord], baseline: Sequence[JobRecord],
+                        kind: str) -> tuple[dict[tuple, float], dict[tuple, float]]:
+  """The successes of a point's and of the baseline point's `kind` ("greedy" | "sampled") episodes, keyed (env,
+  index, seed, sample) for `paired_summary`, each job paired with one baseline job: the baseline's job of the same
+  seed or, where the baseline point has a single job (a shared start evaluated once, compared with several seeds),
+  that job, whatever its seed. Counted jobs only; a pair of jobs whose evaluations are not paired
+  (`pairing_mismatch`) adds nothing."""
+  this, base = {}, {}
+  for r in point:
+    b = baseline[0] if len(baseline) == 1 else next((b for b in baseline if b.seed == r.seed), None)
+    mine, theirs = r.evaluation(kind), b.evaluation(kind) if b is not None else None
+    if mine is None or theirs is None or pairing_mismatch(mine, theirs):
+      continue
+    for source, target in ((mine, this), (theirs, base)):
+      for (env, index, sample), success in evaluation_successes(source).items():
+        target[(env, index, r.seed, sample)] = success
+  return this, base
 
 
 # ------------------------------------------------------------------------------------------------------------ table
@@ -315,12 +489,23 @@ def _no_result_label(states: Sequence[str]) -> str:
   return "no eval"  # done, without a held-out evaluation
 
 
+def overall_difference(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
+  """A point's table figure from `paired_summary`: its overall {"mean" (the difference), "lo", "hi", "pairs",
+  "tasks"}; None without one."""
+  if summary is None:
+    return None
+  o = summary["overall"]
+  return {"mean": o["diff"], "lo": o["lo"], "hi": o["hi"], "pairs": o["pairs"], "tasks": o["tasks"]}
+
+
 def summarize_points(records: Sequence[JobRecord], envs: Sequence[str],
                      baseline: str | None = None) -> list[dict[str, Any]]:
   """Per grid point (in the order sweep.json first lists them): its swept values, seeds and their states, the
   greedy success per seed ("overall" and each env: fraction, None without a result), its mean and std over the
-  seeds with a result (`mean_std`), the avg@k mean/std and k, and with a baseline the paired bootstrap
-  (`paired_bootstrap`) of point minus baseline overall success: {"mean", "lo", "hi", "pairs", "tasks"}."""
+  seeds with a result (`mean_std`), the avg@k mean/std and k, and with a baseline the paired bootstrap of point
+  minus baseline overall success, greedy (`diff`) and avg@k (`avg_k_diff`): {"mean", "lo", "hi", "pairs",
+  "tasks"} (`paired_job_episodes`, `paired_summary`: the mean over envs, as the overall success), None without
+  paired episodes."""
   points = _first_seen(r.point for r in records)
   by_point = {p: [r for r in records if r.point == p] for p in points}
   if baseline is not None and baseline not in by_point:
@@ -347,16 +532,13 @@ def summarize_points(records: Sequence[JobRecord], envs: Sequence[str],
       values = [v for s in sampled if (v := _number(s.get("overall", {}).get("success"))) is not None]
       m, s = mean_std(values)
       avg_k = {"k": ks[0] if len(ks) == 1 else ks, "mean": m, "std": s, "n": len(values)}
-    diff = None
+    diff = avg_k_diff = None
     if baseline is not None and p != baseline:
-      diffs, groups = paired_differences(jobs, by_point[baseline])
-      result = paired_bootstrap(diffs, groups)
-      if result is not None:
-        diff = {"mean": result[0], "lo": result[1], "hi": result[2], "pairs": int(diffs.size),
-                "tasks": int(groups.max()) + 1}
+      diff, avg_k_diff = (overall_difference(paired_summary(*paired_job_episodes(jobs, by_point[baseline], kind)))
+                          for kind in KINDS)
     out.append({"point": p, "swept": dict(jobs[0].swept), "seeds": [r.seed for r in jobs],
                 "states": {r.seed: r.state for r in jobs}, "per_seed": per_seed, "mean": mean, "std": std, "n": n,
-                "avg_k": avg_k, "diff": diff, "best": False})
+                "avg_k": avg_k, "diff": diff, "avg_k_diff": avg_k_diff, "best": False})
   return out
 
 
@@ -416,6 +598,15 @@ def _cell(mean: float | None, std: float | None, n: int, seeds: int, empty: str)
   return f"{_f(mean)} +- {_f(std)}" + (f" (n={n})" if n < seeds else "")
 
 
+def _diff_cell(diff: Mapping[str, Any] | None, is_baseline: bool) -> str:
+  """'+.550 [+.300, +.800]' (`overall_difference`), 'baseline', or 'no paired episodes'."""
+  if is_baseline:
+    return "baseline"
+  if diff is None:
+    return "no paired episodes"
+  return f"{_f(diff['mean'], True)} [{_f(diff['lo'], True)}, {_f(diff['hi'], True)}]"
+
+
 def markdown(root: str, spec: Mapping[str, Any], records: Sequence[JobRecord], points: Sequence[Mapping[str, Any]],
              envs: Sequence[str], baseline: str | None, note: str) -> str:
   """results.md: a headline (seeds, eval tasks per env, job counts) and the per-point table (`summarize_points`)."""
@@ -448,6 +639,8 @@ def markdown(root: str, spec: Mapping[str, Any], records: Sequence[JobRecord], p
     head.append(avg_head)
   if baseline is not None:
     head.append("overall - baseline [95% CI]")
+    if ks:
+      head.append(f"{avg_head} - baseline [95% CI]")
   lines.append("| " + " | ".join(head) + " |")
   lines.append("|" + "|".join("---" for _ in head) + "|")
   for p in points:
@@ -467,15 +660,18 @@ def markdown(root: str, spec: Mapping[str, Any], records: Sequence[JobRecord], p
       cells.append("-" if a is None or a["mean"] is None else
                    _cell(a["mean"], a["std"], a["n"], total, "-") + ("" if len(ks) == 1 else f" (k={a['k']})"))
     if baseline is not None:
-      d = p["diff"]
-      cells.append("baseline" if p["point"] == baseline else "no paired episodes" if d is None else
-                   f"{_f(d['mean'], True)} [{_f(d['lo'], True)}, {_f(d['hi'], True)}]")
+      cells.append(_diff_cell(p["diff"], p["point"] == baseline))
+      if ks:
+        cells.append("-" if p["avg_k"] is None else _diff_cell(p["avg_k_diff"], p["point"] == baseline))
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("")
   if baseline is not None:
-    lines.append(f"The interval: point minus {baseline} success over the greedy episodes present in both, paired by "
-                 f"(seed, env, index, sample); its mean, and the 2.5th-97.5th percentiles of {NUM_RESAMPLES:,} "
-                 f"resamples of the tasks (numpy default_rng({BOOTSTRAP_SEED})).")
+    lines.append(f"The interval: point minus {baseline} success over the episodes present in both (greedy; avg@k: "
+                 "the sampled ones, at the same k, temperature and seed), paired by (seed, env, index, sample), or, "
+                 "where the baseline has a single job, each seed's episodes with that job's; the mean over envs of "
+                 "each env's mean difference (each env counts the same, as in the overall success), and the "
+                 f"2.5th-97.5th percentiles of {NUM_RESAMPLES:,} resamples of each env's tasks "
+                 f"(numpy default_rng({BOOTSTRAP_SEED})).")
     lines.append("")
   lines.append(note)
   return "\n".join(lines) + "\n"

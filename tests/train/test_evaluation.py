@@ -152,3 +152,35 @@ def test_launch_eval_end_to_end(tok, tmp_path):
     assert 1 <= r["turns"] <= 2
   assert results["policy"] == {"hf_checkpoint": checkpoint}
   assert len(results["episodes"]) == 6
+
+
+@pytest.mark.slow  # two launch.eval processes: ~45 s on 2 CPU cores
+def test_launch_eval_with_greedy_then_baseline(tmp_path):
+  """The shipped checkpoint evaluated twice alike (2 maze tasks, avg@2 and greedy): the same episodes, so a paired
+  difference of 0 with the interval [0, 0]; the first run's files are the ones the sweep report reads."""
+  from launch import sweep_report
+  checkpoint = os.path.join(ROOT, "evolver", "assets", "checkpoints", "bc_tiny")
+  env = one_device_env(base={**os.environ, "JAX_PLATFORMS": "cpu"})
+  common = [sys.executable, "-m", "launch.eval", "--hf_checkpoint", checkpoint, "--envs", "maze", "--num_tasks", "2",
+            "--num_samples", "2", "--with_greedy", "--max_new_tokens", "16", "--max_rounds", "2"]
+  first, second = str(tmp_path / "first"), str(tmp_path / "second")
+  for command in (common + ["--out", first], common + ["--out", second, "--baseline", first]):
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "avg@2:" in proc.stdout and "greedy:" in proc.stdout and "this minus the baseline" in proc.stdout
+  assert sorted(os.listdir(first)) == [sweep_report.EVAL_FILE, sweep_report.SAMPLES_FILE]
+
+  def read(*parts):
+    with open(os.path.join(*parts)) as f:
+      return json.load(f)
+
+  greedy, sampled = read(first, sweep_report.EVAL_FILE), read(first, sweep_report.SAMPLES_FILE)
+  assert (greedy["num_samples"], greedy["temperature"]) == (1, 0.0)
+  assert (sampled["num_samples"], sampled["temperature"], sampled["seed"]) == (2, 1.0, 0)
+  for name in (sweep_report.EVAL_FILE, sweep_report.SAMPLES_FILE):  # the same episodes: paired by (env, index, sample)
+    assert read(first, name)["episodes"] == read(second, name)["episodes"]
+  paired = read(second, "paired.json")
+  assert paired["baseline"] == first and set(paired) >= {"greedy", "sampled"}
+  for kind, pairs in (("greedy", 2), ("sampled", 4)):
+    for e in (paired[kind]["envs"]["maze"], paired[kind]["overall"]):
+      assert (e["diff"], e["lo"], e["hi"], e["pairs"], e["tasks"]) == (0.0, 0.0, 0.0, pairs, 2)
