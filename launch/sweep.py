@@ -656,9 +656,13 @@ def emit_tpu(jobs: Sequence[Job], root: str) -> str:
 # -- the command line -----------------------------------------------------------------------------------------------
 
 
-def report(root: str, baseline: str | None = None) -> dict[str, Any]:
+def report(root: str, baseline: str | None = None, baseline_eval: str | None = None) -> dict[str, Any]:
+  """`sweep_report.report`; its refusals (a baseline that is not a point, or not paired) exit with their message."""
   from launch import sweep_report
-  return sweep_report.report(root, baseline=baseline)
+  try:
+    return sweep_report.report(root, baseline=baseline, baseline_eval=baseline_eval)
+  except (ValueError, FileNotFoundError) as error:
+    raise SystemExit(f"launch.sweep --report: {error}") from None
 
 
 def command_root(root: str) -> str:
@@ -685,7 +689,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--emit", choices=("slurm", "tpu"), help="write a scheduler's script under ROOT, run nothing")
   parser.add_argument("--venv", default=".venv", help="with --emit slurm: the venv the tasks activate")
   parser.add_argument("--report", action="store_true", help="aggregate ROOT's jobs (alone: only that)")
-  parser.add_argument("--baseline", default=None, help="with --report: the point the others are compared to")
+  baselines = parser.add_mutually_exclusive_group()
+  baselines.add_argument("--baseline", default=None, help="with --report: the point the others are compared to")
+  baselines.add_argument("--baseline_eval", default=None, metavar="DIR",
+                         help="with --report, instead of --baseline: one evaluation outside the sweep (launch.eval "
+                              "--with_greedy --out DIR) that every seed of every point is compared to")
   parser.add_argument("--archive", default=None, help="copy each finished job's records here (no checkpoints)")
   parser.add_argument("--record_status", default=None, help=argparse.SUPPRESS)  # command.sh's last line
   parser.add_argument("--returncode", type=int, default=0, help=argparse.SUPPRESS)
@@ -702,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise SystemExit("launch.sweep: --root is required")
   defining = bool(args.sweep or args.zip or args.gin_file or args.gin_bindings)
   if args.report and not defining:
-    report(args.root, args.baseline)
+    report(args.root, args.baseline, args.baseline_eval)
     return 0
   if not args.gin_file and not any(spec.partition("=")[0].strip() == GIN_FILE for spec in args.sweep + args.zip):
     raise SystemExit("launch.sweep: a sweep needs a --gin_file or a gin_file axis (the runs it varies)")
@@ -742,7 +750,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f"[sweep] {', '.join(f'{n} {s}' for s, n in counts.items())}", file=sys.stderr)
   if any(state == "done" for state in states.values()):
     for directory in [local_root] + ([archive] if archive else []):
-      report(directory, args.baseline)
+      report(directory, args.baseline, args.baseline_eval)
   interrupted = any(state in ("interrupted", "waiting") for state in states.values())
   return 130 if interrupted else min(counts.get("failed", 0), 125)
 

@@ -1,4 +1,5 @@
-"""A sweep's results in one place: `python -m launch.sweep --root ROOT --report [--baseline POINT]` calls `report`.
+"""A sweep's results in one place: `python -m launch.sweep --root ROOT --report` calls `report` (with `--baseline POINT`
+or `--baseline_eval DIR`: the comparisons below).
 
 It reads (and never changes) what the sweep's jobs left, through the path layer (`evolver.paths`: ROOT may be a
 local directory, a `gs://` URI, or an archived copy under results/ that holds records only, no checkpoints):
@@ -15,6 +16,9 @@ local directory, a `gs://` URI, or an archived copy under results/ that holds re
     metrics.jsonl               one JSON object per line: `step` and metrics (`rollout/success`,
                                 `memory/peak_rss_gb`, ...); a step written again (after a resume) takes the later
                                 values
+  DIR/ (--baseline_eval)        a fixed policy's evaluation outside the sweep (`launch.eval ... --num_samples k
+                                --with_greedy --out DIR`): DIR/eval_results.json (greedy) and/or DIR/eval_samples.json
+                                (sampled avg@k), or one results file
 
 A job's state is its job_status.json's; without one (a job a scheduler ran from its bare `launch.train` line) it
 is "done" where it wrote its evaluation, "incomplete" where it wrote only metrics, else "missing". A job's held-out figures count wherever an evaluation is recorded, except for a job
@@ -22,13 +26,17 @@ whose status says failed or interrupted (its evaluation, if any, is left from an
 
 What it writes (success figures are fractions of episodes in [0, 1]):
 
-  ROOT/results.csv    one row per job, in sweep.json's order (`csv_columns`); empty cells where nothing is recorded
+  ROOT/results.csv    one row per job, in sweep.json's order (`csv_columns`), after the --baseline_eval row where
+                      there is one; empty cells where nothing is recorded
   ROOT/results.md     one row per grid point: each env's and the overall held-out greedy success as mean +- sample
                       std over the seeds with a result, each seed's overall figure, avg@k where recorded and, with a
                       baseline point, the paired bootstrap 95% interval of (point - baseline) overall success,
                       greedy and avg@k (`paired_job_episodes`: seed by seed, or every seed against a baseline point
                       of a single job); the best point is marked where its greedy gain is larger than the seed
-                      spread and the interval is above 0
+                      spread and the interval is above 0. With --baseline_eval DIR instead, that evaluation is the
+                      first row ("baseline_eval: DIR", DIR as given, one "seed") and every seed of every point is
+                      paired with it by (env, index, sample); a point whose evaluations are not paired with it (split,
+                      k, temperature, top_p or seed: `pairing_mismatch`) is refused
   ROOT/plots/success_<env|overall>.png   success against the first swept name, one line per value of the others
   ROOT/plots/curve_rollout_<success|reward>.png   learning curves against the step, one line per job
 """
@@ -64,6 +72,9 @@ KINDS = ("greedy", "sampled")  # an evaluation's kind (`evaluation_kind`): greed
 PAIRING_SETTINGS = ("split", "num_samples", "temperature", "top_p", "seed")
 SETTING_DEFAULTS = {"num_samples": 1, "temperature": 0.0, "top_p": 1.0, "seed": 0}
 PROTOCOL_SETTINGS = ("max_new_tokens", "max_rounds")  # limits that change an episode, not its pairing
+BASELINE_EVAL = "baseline_eval"  # the --baseline_eval row's label: "baseline_eval: DIR"
+BOTH_BASELINES = ("--baseline and --baseline_eval are mutually exclusive: compare with a point of the sweep "
+                  "(--baseline POINT) or with one evaluation outside it (--baseline_eval DIR), not both")
 
 
 @dataclasses.dataclass
@@ -71,7 +82,7 @@ class JobRecord:
   """What one job left: its sweep.json entry's fields, its state and its (parsed) files; None where absent."""
   name: str
   point: str
-  seed: int
+  seed: int | None                    # None: a fixed evaluation (--baseline_eval), no training seed
   swept: dict[str, str]
   state: str
   status: dict[str, Any] | None
@@ -184,6 +195,30 @@ def read_job(root: paths.PathLike, job: Mapping[str, Any]) -> JobRecord:
 def read_jobs(root: paths.PathLike, spec: Mapping[str, Any]) -> list[JobRecord]:
   """Every job of the sweep, in sweep.json's order."""
   return [read_job(root, job) for job in spec["jobs"]]
+
+
+def baseline_eval_label(path: str) -> str:
+  """The --baseline_eval row's name: "baseline_eval: DIR", DIR as given (a relative path stays relative)."""
+  return f"{BASELINE_EVAL}: {path}"
+
+
+def read_baseline_eval(path: str) -> JobRecord:
+  """A fixed policy's evaluation outside the sweep as a job record of one "seed" (seed None, state "done", no
+  metrics): `path` is a directory holding eval_results.json and/or eval_samples.json (`split_kinds`), or a results
+  file. Its name and point are `baseline_eval_label(path)`.
+
+  Raises:
+    FileNotFoundError: no readable evaluation there.
+  """
+  target = paths.as_path(path)
+  files = [target / EVAL_FILE, target / SAMPLES_FILE] if target.is_dir() else [target]
+  greedy, sampled = split_kinds([e for e in map(_read_json, files) if e is not None])
+  if greedy is None and sampled is None:
+    raise FileNotFoundError(f"--baseline_eval {path}: no evaluation there (a directory with {EVAL_FILE} and/or "
+                            f"{SAMPLES_FILE}, as `launch.eval --with_greedy --out DIR` writes, or a results file)")
+  label = baseline_eval_label(path)
+  return JobRecord(name=label, point=label, seed=None, swept={}, state="done", status=None, greedy=greedy,
+                   sampled=sampled, metrics={})
 
 
 def _first_seen(items) -> list:
@@ -478,6 +513,42 @@ def paired_job_episodes(point: Sequence[JobRecord], baseline: Sequence[JobRecord
   return this, base
 
 
+def baseline_eval_mismatches(records: Sequence[JobRecord], reference: JobRecord) -> list[str]:
+  """The counted jobs' evaluations that are not paired with the fixed baseline evaluation (`reference`) of the same
+  kind, as 'POINT/seed=S (greedy|avg@k): name a vs b, ...' (`pairing_mismatch`: the job's value vs the baseline's);
+  [] where every one pairs. A kind either lacks is not compared."""
+  out = []
+  for r in records:
+    for kind in KINDS:
+      mine, theirs = r.evaluation(kind), reference.evaluation(kind)
+      if mine is not None and theirs is not None and (mismatch := pairing_mismatch(mine, theirs)):
+        out.append(f"{r.name} ({kind_label(mine)}): {', '.join(mismatch)}")
+  return out
+
+
+def check_baseline_eval(records: Sequence[JobRecord], reference: JobRecord) -> None:
+  """Refuses a fixed baseline evaluation that some job's evaluation does not pair with (`baseline_eval_mismatches`).
+
+  Raises:
+    ValueError: naming each such job, its kind and the settings that differ (the first 5, and how many more).
+  """
+  mismatches = baseline_eval_mismatches(records, reference)
+  if mismatches:
+    more = f"; and {len(mismatches) - 5} more" if len(mismatches) > 5 else ""
+    raise ValueError(f"{reference.point}: not paired with the sweep's evaluations, which differ from it (the job's "
+                     f"value vs the baseline's) in: {'; '.join(mismatches[:5])}{more} (evaluate the baseline with "
+                     "the jobs' --split, --num_samples, --temperature, --top_p and --seed)")
+
+
+def baseline_eval_protocol(records: Sequence[JobRecord], reference: JobRecord) -> list[str]:
+  """The limits in which the counted jobs' evaluations differ from the fixed baseline evaluation of the same kind
+  (`protocol_differences`: 'name a vs b', the job's vs the baseline's), each difference once: the episodes pair, but
+  part of a difference may be the limits'."""
+  pairs = [(r.evaluation(kind), reference.evaluation(kind)) for r in records for kind in KINDS]
+  return _first_seen(d for mine, theirs in pairs if mine is not None and theirs is not None
+                     for d in protocol_differences(mine, theirs))
+
+
 # ------------------------------------------------------------------------------------------------------------ table
 
 
@@ -498,18 +569,27 @@ def overall_difference(summary: Mapping[str, Any] | None) -> dict[str, Any] | No
   return {"mean": o["diff"], "lo": o["lo"], "hi": o["hi"], "pairs": o["pairs"], "tasks": o["tasks"]}
 
 
-def summarize_points(records: Sequence[JobRecord], envs: Sequence[str],
-                     baseline: str | None = None) -> list[dict[str, Any]]:
+def summarize_points(records: Sequence[JobRecord], envs: Sequence[str], baseline: str | None = None,
+                     reference: JobRecord | None = None) -> list[dict[str, Any]]:
   """Per grid point (in the order sweep.json first lists them): its swept values, seeds and their states, the
   greedy success per seed ("overall" and each env: fraction, None without a result), its mean and std over the
   seeds with a result (`mean_std`), the avg@k mean/std and k, and with a baseline the paired bootstrap of point
   minus baseline overall success, greedy (`diff`) and avg@k (`avg_k_diff`): {"mean", "lo", "hi", "pairs",
   "tasks"} (`paired_job_episodes`, `paired_summary`: the mean over envs, as the overall success), None without
-  paired episodes."""
+  paired episodes.
+
+  With `reference` (a fixed evaluation outside the sweep, `read_baseline_eval`) instead of `baseline`, it is the
+  baseline: the first entry, of one "seed" (None), with "fixed" True, and every seed of every point is paired with
+  it."""
   points = _first_seen(r.point for r in records)
   by_point = {p: [r for r in records if r.point == p] for p in points}
+  if baseline is not None and reference is not None:
+    raise ValueError(BOTH_BASELINES)
   if baseline is not None and baseline not in by_point:
     raise ValueError(f"--baseline {baseline!r} is not a point of this sweep; its points: {', '.join(points)}")
+  if reference is not None:
+    baseline = reference.point
+    points, by_point = [baseline, *points], {baseline: [reference], **by_point}
   out = []
   for p in points:
     jobs = by_point[p]
@@ -538,7 +618,8 @@ def summarize_points(records: Sequence[JobRecord], envs: Sequence[str],
                           for kind in KINDS)
     out.append({"point": p, "swept": dict(jobs[0].swept), "seeds": [r.seed for r in jobs],
                 "states": {r.seed: r.state for r in jobs}, "per_seed": per_seed, "mean": mean, "std": std, "n": n,
-                "avg_k": avg_k, "diff": diff, "avg_k_diff": avg_k_diff, "best": False})
+                "avg_k": avg_k, "diff": diff, "avg_k_diff": avg_k_diff, "best": False,
+                "fixed": reference is not None and p == baseline})
   return out
 
 
@@ -547,11 +628,8 @@ def choose_best(points: list[dict[str, Any]], baseline: str | None) -> tuple[str
 
   The best point is the one with the highest mean overall success; it is marked only where its gain over the
   baseline's mean is larger than the seed spread (the larger of the two points' std over seeds, which needs 2 or
-  more seeds with a result in each) and its paired bootstrap 95% interval lies above 0 (lo > 0). Sets "best" on
-  the marked point's entry."""
-  meaning = (f"{BEST_MARK} marks the best point (highest mean overall success) where its gain over the baseline "
-             "is larger than the seed spread (the larger std over seeds of the two points) and its paired "
-             "bootstrap 95% interval lies above 0.")
+  more seeds with a result in each; against a fixed baseline evaluation, "fixed" in its entry, the point's own)
+  and its paired bootstrap 95% interval lies above 0 (lo > 0). Sets "best" on the marked point's entry."""
   scored = [p for p in points if p["mean"]["overall"] is not None]
   if not scored:
     return None, "Nothing is marked: no point has a held-out result."
@@ -559,16 +637,22 @@ def choose_best(points: list[dict[str, Any]], baseline: str | None) -> tuple[str
   if baseline is None:
     return None, f"Nothing is marked: no baseline given (the highest mean overall success is {best['point']})."
   base = next(p for p in points if p["point"] == baseline)
+  fixed = bool(base.get("fixed"))
+  spread_of = ("the point's std over seeds: the baseline is one evaluation" if fixed
+               else "the larger std over seeds of the two points")
+  meaning = (f"{BEST_MARK} marks the best point (highest mean overall success) where its gain over the baseline "
+             f"is larger than the seed spread ({spread_of}) and its paired bootstrap 95% interval lies above 0.")
   why = None
   if best["point"] == baseline:
     why = "the baseline itself has the highest mean overall success"
   elif base["mean"]["overall"] is None:
     why = "the baseline has no held-out result"
-  elif best["std"]["overall"] is None or base["std"]["overall"] is None:
-    why = f"{best['point']} is best, but with fewer than 2 seeds per point there is no seed spread to beat"
+  elif best["std"]["overall"] is None or (base["std"]["overall"] is None and not fixed):
+    why = (f"{best['point']} is best, but with fewer than 2 seeds " + ("of it" if fixed else "per point")
+           + " there is no seed spread to beat")
   else:
     gain = best["mean"]["overall"] - base["mean"]["overall"]
-    spread = max(best["std"]["overall"], base["std"]["overall"])
+    spread = best["std"]["overall"] if fixed else max(best["std"]["overall"], base["std"]["overall"])
     if gain <= spread:
       why = f"the best point's gain ({_f(gain, True)}) is not larger than the seed spread ({_f(spread)})"
     elif best["diff"] is None:
@@ -608,8 +692,13 @@ def _diff_cell(diff: Mapping[str, Any] | None, is_baseline: bool) -> str:
 
 
 def markdown(root: str, spec: Mapping[str, Any], records: Sequence[JobRecord], points: Sequence[Mapping[str, Any]],
-             envs: Sequence[str], baseline: str | None, note: str) -> str:
-  """results.md: a headline (seeds, eval tasks per env, job counts) and the per-point table (`summarize_points`)."""
+             envs: Sequence[str], baseline: str | None, note: str, protocol: Sequence[str] = ()) -> str:
+  """results.md: a headline (seeds, eval tasks per env, job counts) and the per-point table (`summarize_points`).
+
+  `records` are the sweep's jobs; a fixed baseline evaluation is the entry of `points` with "fixed" (its name is
+  `baseline`, its path as given), and `protocol` the limits in which the jobs' evaluations differ from it
+  (`baseline_eval_protocol`)."""
+  fixed = any(p.get("fixed") for p in points)
   seeds = spec.get("seeds") or _first_seen(r.seed for r in records)
   tasks = {env: _first_seen(int(e["envs"][env]["num_tasks"]) for r in records for e in (r.greedy, r.sampled)
                             if e and r.counted and "num_tasks" in e.get("envs", {}).get(env, {}))
@@ -624,7 +713,11 @@ def markdown(root: str, spec: Mapping[str, Any], records: Sequence[JobRecord], p
   shown = [s for s in STATES if counts[s] or s in ("done", "failed", "missing")]
   lines.append("- jobs: " + ", ".join(f"{counts[s]} {s}" for s in shown) + f" ({len(records)} in all)")
   if baseline is not None:
-    lines.append(f"- baseline: {baseline}")
+    lines.append(f"- baseline: {baseline}" + (" (one evaluation outside the sweep: every seed of every point is "
+                                              "paired with it)" if fixed else ""))
+  if protocol:
+    lines.append(f"- limits differing from the baseline evaluation (job vs baseline; the episodes pair, but part of "
+                 f"a difference may be the limits'): {', '.join(protocol)}")
   if spec.get("gin_files"):
     lines.append(f"- gin files: {' '.join(spec['gin_files'])}")
   if spec.get("gin_bindings"):
@@ -650,11 +743,11 @@ def markdown(root: str, spec: Mapping[str, Any], records: Sequence[JobRecord], p
     for key in (*envs, "overall"):
       cells.append(_cell(p["mean"][key], p["std"][key], p["n"][key], total, no_result))
     per_seed = []
-    for s in seeds:
+    for s in ([None] if p.get("fixed") else seeds):  # a fixed evaluation: its one figure
       v, state = p["per_seed"]["overall"].get(s), p["states"].get(s, "")
       per_seed.append(_f(v) if v is not None else state if state in NO_RESULT_STATES + ("incomplete", "missing")
                       else "-")
-    cells.append(" ".join(per_seed))
+    cells.append(" ".join(per_seed) + (" (one evaluation)" if p.get("fixed") else ""))
     if ks:
       a = p["avg_k"]
       cells.append("-" if a is None or a["mean"] is None else
@@ -666,9 +759,11 @@ def markdown(root: str, spec: Mapping[str, Any], records: Sequence[JobRecord], p
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("")
   if baseline is not None:
+    pairing = ("each seed's episodes paired with the baseline evaluation's by (env, index, sample)" if fixed else
+               "paired by (seed, env, index, sample), or, where the baseline has a single job, each seed's episodes "
+               "with that job's")
     lines.append(f"The interval: point minus {baseline} success over the episodes present in both (greedy; avg@k: "
-                 "the sampled ones, at the same k, temperature and seed), paired by (seed, env, index, sample), or, "
-                 "where the baseline has a single job, each seed's episodes with that job's; the mean over envs of "
+                 f"the sampled ones, at the same k, temperature and seed), {pairing}; the mean over envs of "
                  "each env's mean difference (each env counts the same, as in the overall success), and the "
                  f"2.5th-97.5th percentiles of {NUM_RESAMPLES:,} resamples of each env's tasks "
                  f"(numpy default_rng({BOOTSTRAP_SEED})).")
@@ -699,10 +794,12 @@ def _png(fig) -> bytes:
   return out.getvalue()
 
 
-def plot_success(points: Sequence[Mapping[str, Any]], names: Sequence[str], key: str) -> bytes | None:
+def plot_success(points: Sequence[Mapping[str, Any]], names: Sequence[str], key: str,
+                 reference: Mapping[str, Any] | None = None) -> bytes | None:
   """PNG of `key`'s ("overall" or an env's) mean success against the first swept name's values (numbers where
   they all parse, else categories, in grid order), one line per combination of the other swept names' values,
-  error bars the std over seeds (none with one seed); None where no point has a result."""
+  error bars the std over seeds (none with one seed), and `reference`'s (a fixed baseline evaluation's entry) as a
+  dashed horizontal line where it has one; None where no point has a result."""
   import matplotlib
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
@@ -725,13 +822,15 @@ def plot_success(points: Sequence[Mapping[str, Any]], names: Sequence[str], key:
     ys = [p["mean"][key] for p in members]
     errs = [p["std"][key] or 0.0 for p in members]
     ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=4, label=line or None)
+  if reference is not None and reference["mean"][key] is not None:
+    ax.axhline(reference["mean"][key], color="gray", linestyle="--", label=reference["point"])
   if numbers is None:
     ax.set_xticks(range(len(x_values)), x_values, rotation=30 if len(x_values) > 4 else 0)
   ax.set_xlabel(x_name)
   ax.set_ylabel(f"held-out success ({key})")
   ax.set_title(f"{key} success: mean +- std over seeds")
   ax.grid(alpha=0.3)
-  if len(names) > 1:
+  if len(names) > 1 or (reference is not None and reference["mean"][key] is not None):
     ax.legend(fontsize=8)
   data = _png(fig)
   plt.close(fig)
@@ -768,13 +867,17 @@ def plot_curve(records: Sequence[JobRecord], metric: str) -> bytes | None:
 # ----------------------------------------------------------------------------------------------------------- report
 
 
-def report(root: paths.PathLike, baseline: str | None = None) -> dict[str, Any]:
+def report(root: paths.PathLike, baseline: str | None = None, baseline_eval: str | None = None) -> dict[str, Any]:
   """Reads the sweep under `root` and writes results.csv, results.md and plots/*.png there (module docstring).
 
   Args:
     root: the sweep's directory (local or a URI).
     baseline: a point's name (as in sweep.json's `point`): the other points' paired bootstrap intervals are against
       it, and the best point can be marked only against it.
+    baseline_eval: instead of `baseline`, a fixed policy's evaluation outside the sweep (a directory with
+      eval_results.json and/or eval_samples.json, `launch.eval --with_greedy --out DIR`, or a results file): the
+      first row of results.csv and results.md, labelled "baseline_eval: DIR" with DIR as given, and the baseline
+      every seed of every point is paired with (`read_baseline_eval`, `check_baseline_eval`).
 
   Returns:
     {"columns": results.csv's columns, "rows": its rows (dicts, None where empty), "envs", "swept": the swept names,
@@ -782,25 +885,35 @@ def report(root: paths.PathLike, baseline: str | None = None) -> dict[str, Any]:
      "note": the line under the table, "markdown": results.md's text, "files": the files written}.
 
   Raises:
-    FileNotFoundError: no sweep.json under `root`.
-    ValueError: `baseline` is not a point of the sweep.
+    FileNotFoundError: no sweep.json under `root`, or no evaluation at `baseline_eval`.
+    ValueError: `baseline` is not a point of the sweep; both `baseline` and `baseline_eval` given; a job's
+      evaluation is not paired with `baseline_eval`'s (`check_baseline_eval`).
   """
+  if baseline is not None and baseline_eval is not None:
+    raise ValueError(BOTH_BASELINES)
   root_path = paths.as_path(root)
   spec = load_sweep(root_path)
   records = read_jobs(root_path, spec)
+  reference = read_baseline_eval(baseline_eval) if baseline_eval is not None else None
+  if reference is not None:
+    check_baseline_eval(records, reference)
+  extra = [reference] if reference is not None else []
   names = swept_names(records)
-  envs = env_names(records)
+  envs = env_names([*records, *extra])
   columns = csv_columns(names, envs)
-  rows = [job_row(r, names, envs) for r in records]
-  points = summarize_points(records, envs, baseline)
-  best, note = choose_best(points, baseline)
-  text = markdown(str(root), spec, records, points, envs, baseline, note)
+  rows = [job_row(r, names, envs) for r in (*extra, *records)]
+  points = summarize_points(records, envs, baseline, reference)
+  compared_to = reference.point if reference is not None else baseline
+  best, note = choose_best(points, compared_to)
+  protocol = baseline_eval_protocol(records, reference) if reference is not None else []
+  text = markdown(str(root), spec, records, points, envs, compared_to, note, protocol=protocol)
 
   files = [paths.write_text(root_path / "results.csv", csv_text(rows, columns)),
            paths.write_text(root_path / "results.md", text)]
   plots = root_path / "plots"
+  fixed = next((p for p in points if p["fixed"]), None)
   for key in ("overall", *envs):
-    data = plot_success(points, names, key)
+    data = plot_success([p for p in points if not p["fixed"]], names, key, reference=fixed)
     if data is not None:
       files.append(paths.write_bytes(plots / f"success_{safe_name(key)}.png", data))
   for metric in CURVE_METRICS:

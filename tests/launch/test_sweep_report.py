@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from launch import sweep_report
+from launch import sweep, sweep_report
 
 ENVS = ("maze", "babyai")
 P00 = "rollout_ratio=0.0,train_sample_mode=allkeep"
@@ -363,3 +363,111 @@ def test_a_job_without_a_status_is_done_when_it_wrote_its_evaluation():
   assert sweep_report.job_state(None, has_metrics=True, has_eval=False) == "incomplete"
   assert sweep_report.job_state(None, has_metrics=False, has_eval=False) == "missing"
   assert sweep_report.job_state({"state": "failed"}, has_metrics=True, has_eval=True) == "failed"
+
+
+# ---------------------------------------------------------------------------------------- --baseline_eval DIR
+
+
+def sampled(maze: list[list[int]], babyai: list[list[int]], **kwargs) -> dict:
+  """An avg@k evaluation (k = samples per task) at temperature 1, seed 0, as `launch.eval --with_greedy` writes."""
+  return {**eval_results({"maze": maze, "babyai": babyai}, num_samples=len(maze[0]), temperature=1.0), "seed": 0,
+          **kwargs}
+
+
+BASE_GREEDY = ([1, 0, 0, 1, 0], [0, 1, 0, 0, 0])
+BASE_SAMPLED = ([[1, 0, 0, 0]] * 5, [[0, 0, 1, 0]] * 5)
+
+
+@pytest.fixture(name="fixed_start")
+def fixture_fixed_start(tmp_path, monkeypatch):
+  """A sweep of P00 (identical to the baseline evaluation, both seeds) and P11 (better on every episode, seed 1 one
+  episode less), and the baseline's evaluation in evals/bc (relative to the working directory, as given)."""
+  monkeypatch.chdir(tmp_path)
+  root = "sweep"
+  make_sweep(root, [P00, P11], [0, 1])
+  for seed in (0, 1):
+    make_job(root, P00, seed, result=greedy(*BASE_GREEDY), samples=sampled(*BASE_SAMPLED))
+  make_job(root, P11, 0, result=greedy([1] * 5, [1] * 5), samples=sampled([[1] * 4] * 5, [[1] * 4] * 5))
+  make_job(root, P11, 1, result=greedy([1] * 5, [1, 1, 1, 1, 0]), samples=sampled([[1] * 4] * 5, [[1] * 4] * 5))
+  write("evals/bc/eval_results.json", greedy(*BASE_GREEDY, policy_step=None, selected_on=None))
+  write("evals/bc/eval_samples.json", sampled(*BASE_SAMPLED))
+  return root
+
+
+def test_baseline_eval_row_and_differences(fixed_start, tmp_path):
+  out = sweep_report.report(fixed_start, baseline_eval="evals/bc")
+  label = "baseline_eval: evals/bc"
+  points = {p["point"]: p for p in out["points"]}
+  assert list(points) == [label, P00, P11] and points[label]["fixed"]
+  # The baseline row: first in results.md and results.csv, its figures as one "seed".
+  rows = table_rows(out["markdown"])
+  assert list(rows) == [label, P00, P11]
+  assert rows[label][:5] == [".400 (n=1)", ".200 (n=1)", ".300 (n=1)", ".300 (one evaluation)", ".250 (n=1)"]
+  assert rows[label][5:] == ["baseline", "baseline"]
+  assert read_csv(fixed_start)[1] == [label, "", "", "", "done", "0.4", "0.2", "0.30000000000000004", "4", "0.25",
+                                      "", "", "", ""]
+  assert out["rows"][0]["point"] == label and [r["point"] for r in out["rows"][1:]] == [P00, P00, P11, P11]
+  assert f"- baseline: {label} (one evaluation outside the sweep" in out["markdown"]
+  assert str(tmp_path) not in out["markdown"] and str(tmp_path) not in "".join(map(str, read_csv(fixed_start)))
+  # A point identical to the baseline: 0 [0, 0], greedy and avg@k, every seed paired with the one evaluation.
+  assert points[P00]["diff"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "pairs": 20, "tasks": 10}
+  assert points[P00]["avg_k_diff"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "pairs": 80, "tasks": 10}
+  assert rows[P00][5:] == ["+.000 [+.000, +.000]", "+.000 [+.000, +.000]"]
+  # A point better on every episode (seed 1: all but one): a positive difference, its interval above 0.
+  d, a = points[P11]["diff"], points[P11]["avg_k_diff"]
+  assert (d["pairs"], d["mean"]) == (20, pytest.approx(((1 - .4) * 2 + (1 - .2) + (.8 - .2)) / 4))
+  assert 0 < d["lo"] <= d["mean"] <= d["hi"] and a["lo"] > 0 and a["mean"] == pytest.approx(((1 - .25) * 2) / 2)
+  # Marked: the gain (.65) beyond P11's own seed spread (.071; the baseline is one evaluation) and the interval.
+  assert out["best"] == P11 and "the baseline is one evaluation" in out["note"]
+  assert "each seed's episodes paired with the baseline evaluation's by (env, index, sample)" in out["markdown"]
+  with open(os.path.join(fixed_start, "plots", "success_overall.png"), "rb") as f:
+    assert f.read(8) == PNG_SIGNATURE
+
+
+def test_baseline_eval_one_seed_is_not_marked(tmp_path):
+  root = str(tmp_path / "sweep")
+  make_sweep(root, [P11], [0])
+  make_job(root, P11, 0, result=greedy([1] * 4, [1] * 4))
+  write(str(tmp_path / "bc" / "eval_results.json"), greedy([0] * 4, [0] * 4))
+  out = sweep_report.report(root, baseline_eval=str(tmp_path / "bc"))
+  assert out["points"][1]["diff"]["lo"] > 0
+  assert out["best"] is None and "fewer than 2 seeds of it" in out["note"]
+
+
+@pytest.mark.parametrize("kind, setting, message", [
+    ("eval_samples.json", {"temperature": 0.8}, "temperature 1.0 vs 0.8"),
+    ("eval_samples.json", {"seed": 3}, "seed 0 vs 3"),
+    ("eval_samples.json", {"num_samples": 8}, "num_samples 4 vs 8"),
+    ("eval_results.json", {"split": "train"}, "split 'eval' vs 'train'"),
+])
+def test_baseline_eval_not_paired_is_refused(fixed_start, kind, setting, message):
+  path = os.path.join("evals/bc", kind)
+  with open(path) as f:
+    data = json.load(f)
+  write(path, {**data, **setting})
+  with pytest.raises(ValueError, match="baseline_eval: evals/bc: not paired") as error:
+    sweep_report.report(fixed_start, baseline_eval="evals/bc")
+  assert f"{P00}/seed=0 (" in str(error.value) and message in str(error.value)
+  assert not os.path.exists(os.path.join(fixed_start, "results.md"))
+
+
+def test_baseline_eval_missing_and_both_baselines_refused(fixed_start):
+  with pytest.raises(FileNotFoundError, match="--baseline_eval evals/none: no evaluation there"):
+    sweep_report.report(fixed_start, baseline_eval="evals/none")
+  with pytest.raises(ValueError, match="mutually exclusive"):
+    sweep_report.report(fixed_start, baseline=P00, baseline_eval="evals/bc")
+  with pytest.raises(SystemExit) as error:
+    sweep.main(["--root", fixed_start, "--report", "--baseline", P00, "--baseline_eval", "evals/bc"])
+  assert error.value.code == 2  # argparse: not allowed with argument --baseline
+
+
+def test_baseline_eval_flag_reaches_report(fixed_start, monkeypatch):
+  calls = []
+  with monkeypatch.context() as patch:
+    patch.setattr(sweep_report, "report", lambda root, **kwargs: calls.append((root, kwargs)))
+    assert sweep.main(["--root", fixed_start, "--report", "--baseline_eval", "evals/bc"]) == 0
+  assert calls == [(fixed_start, {"baseline": None, "baseline_eval": "evals/bc"})]
+  # A refusal exits with its message.
+  write("evals/bc/eval_results.json", {**greedy(*BASE_GREEDY), "split": "train"})
+  with pytest.raises(SystemExit, match=r"launch.sweep --report: baseline_eval: evals/bc: not paired"):
+    sweep.main(["--root", fixed_start, "--report", "--baseline_eval", "evals/bc"])

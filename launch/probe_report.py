@@ -1,0 +1,64 @@
+"""The overfit probe's table: each job's val (the trained tasks, sampled avg@k at fixed seeds) against the start's,
+paired by (env, index, sample) with a bootstrap 95% interval over tasks (`sweep_report.paired_comparison`), beside
+the KL to the start and ||dθ||/||θ|| of the step.
+
+  python -m launch.probe_report results/rl_signal/probe     # writes results/rl_signal/probe/probe.md
+
+ROOT holds `start/step_0.json` (the start's val episodes) and the sweep's jobs `POINT/seed=S/` with `val/step_N.json`
+and `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+
+from launch import sweep_report
+
+
+def val_results(path: str) -> dict:
+  """A val record (`MODEL_DIR/val/step_N.json`) as an evaluation `paired_comparison` reads."""
+  with open(path) as f:
+    record = json.load(f)
+  return dict(record, split="train", top_p=1.0)
+
+
+def table(root: str) -> str:
+  start = val_results(os.path.join(root, "start", "step_0.json"))
+  lines = ["| job | step | maze | babyai | overall | overall - start [95% CI] | kl_ref | ||dθ||/||θ|| |",
+           "|---|---|---|---|---|---|---|---|"]
+  base = sweep_report.paired_comparison(start, start)
+  lines.append(f"| start | 0 | {base['envs']['maze']['baseline']:.3f} | {base['envs']['babyai']['baseline']:.3f} | "
+               f"{base['overall']['baseline']:.3f} | | | |")
+  for job in sorted(glob.glob(os.path.join(root, "*", "seed=*"))):
+    rows = {}
+    with open(os.path.join(job, "metrics.jsonl")) as f:
+      for line in f:
+        row = json.loads(line)
+        rows.setdefault(row["step"], {}).update(row)
+    for path in sorted(glob.glob(os.path.join(job, "val", "step_*.json")),
+                       key=lambda p: int(p.rsplit("_", 1)[1].split(".")[0])):
+      step = int(path.rsplit("_", 1)[1].split(".")[0])
+      c = sweep_report.paired_comparison(val_results(path), start)
+      o, m = c["overall"], rows.get(step, {})
+      lines.append(f"| {os.path.relpath(job, root)} | {step} | {c['envs']['maze']['this']:.3f} | "
+                   f"{c['envs']['babyai']['this']:.3f} | {o['this']:.3f} | {o['diff']:+.3f} [{o['lo']:+.3f}, "
+                   f"{o['hi']:+.3f}] | {m.get('kl_ref', float('nan')):.3f} | "
+                   f"{m.get('update/param_change', float('nan')):.4f} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+  argv = sys.argv[1:] if argv is None else argv
+  if len(argv) != 1:
+    raise SystemExit("usage: python -m launch.probe_report ROOT")
+  text = table(argv[0])
+  with open(os.path.join(argv[0], "probe.md"), "w") as f:
+    f.write(text)
+  print(text)
+
+
+if __name__ == "__main__":
+  main()
