@@ -10,10 +10,10 @@ and `metrics.jsonl`.
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
-import sys
 
 from launch import sweep_report
 
@@ -51,11 +51,11 @@ def table(root: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-  argv = sys.argv[1:] if argv is None else argv
-  if len(argv) != 1:
-    raise SystemExit("usage: python -m launch.probe_report ROOT")
-  text = table(argv[0])
-  with open(os.path.join(argv[0], "probe.md"), "w") as f:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("root", help="the probe's records: start/step_0.json and POINT/seed=S/ jobs")
+  root = parser.parse_args(argv).root
+  text = table(root)
+  with open(os.path.join(root, "probe.md"), "w") as f:
     f.write(text)
   print(text)
 
