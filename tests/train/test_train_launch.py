@@ -115,7 +115,7 @@ def test_every_run_config_parses_as_it_ships():
             "  gin.clear_config()\n"
             "  gin_config.parse([path], [\"MODEL_DIR = 'x'\"])\n"
             "  print(path, gin.query_parameter('run.loop').selector)\n")
-  runs = sorted(os.path.join("gin_configs", folder, f) for folder in ("runs", "benchmarks")
+  runs = sorted(os.path.join("gin_configs", folder, f) for folder in ("runs", "benchmarks", "rl_signal")
                 for f in os.listdir(os.path.join(ROOT, "gin_configs", folder)))
   proc = subprocess.run([sys.executable, "-c", script, *runs], cwd=ROOT, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -125,6 +125,9 @@ def test_every_run_config_parses_as_it_ships():
   expected[os.path.join("gin_configs", "runs", "agentevolver.gin")] = "train_grpo"  # GRPO with all three mechanisms
   expected.update({os.path.join("gin_configs", "benchmarks", f"bc_{name}.gin"): "train_bc"
                    for name in ("bfcl", "sciworld")})
+  expected.update({os.path.join("gin_configs", "rl_signal", f"{name}.gin"): "train_grpo"
+                   for name in ("probe", "grpo_before", "grpo")})
+  expected[os.path.join("gin_configs", "rl_signal", "agentevol.gin")] = "train_agentevol"
   assert loops == expected
 
 
