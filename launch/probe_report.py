@@ -1,6 +1,6 @@
 """The overfit probe's table: each job's val (the trained tasks, sampled avg@k at fixed seeds) against the start's,
 paired by (env, index, sample) with a bootstrap 95% interval over tasks (`sweep_report.paired_comparison`), beside
-the KL to the start and ||dθ||/||θ|| of the step.
+the KL to the start, ||dθ||/||θ|| of the step and the episodes spent up to it (DAPO's refills count).
 
   python -m launch.probe_report results/rl_signal/probe     # writes results/rl_signal/probe/probe.md
 
@@ -27,10 +27,10 @@ def val_results(path: str) -> dict:
 
 def table(root: str) -> str:
   start = val_results(os.path.join(root, "start", "step_0.json"))
-  lines = ["| job | step | maze | babyai | overall | overall - start [95% CI] | kl_ref | ||dθ||/||θ|| |",
-           "|---|---|---|---|---|---|---|---|"]
+  lines = ["| job | step | episodes | maze | babyai | overall | overall - start [95% CI] | kl_ref | ||dθ||/||θ|| |",
+           "|---|---|---|---|---|---|---|---|---|"]
   base = sweep_report.paired_comparison(start, start)
-  lines.append(f"| start | 0 | {base['envs']['maze']['baseline']:.3f} | {base['envs']['babyai']['baseline']:.3f} | "
+  lines.append(f"| start | 0 | 0 | {base['envs']['maze']['baseline']:.3f} | {base['envs']['babyai']['baseline']:.3f} | "
                f"{base['overall']['baseline']:.3f} | | | |")
   for job in sorted(glob.glob(os.path.join(root, "*", "seed=*"))):
     rows = {}
@@ -43,7 +43,8 @@ def table(root: str) -> str:
       step = int(path.rsplit("_", 1)[1].split(".")[0])
       c = sweep_report.paired_comparison(val_results(path), start)
       o, m = c["overall"], rows.get(step, {})
-      lines.append(f"| {os.path.relpath(job, root)} | {step} | {c['envs']['maze']['this']:.3f} | "
+      episodes = sum(r.get("rollout/episodes", 0) for s, r in rows.items() if 0 < s <= step)
+      lines.append(f"| {os.path.relpath(job, root)} | {step} | {episodes} | {c['envs']['maze']['this']:.3f} | "
                    f"{c['envs']['babyai']['this']:.3f} | {o['this']:.3f} | {o['diff']:+.3f} [{o['lo']:+.3f}, "
                    f"{o['hi']:+.3f}] | {m.get('kl_ref', float('nan')):.3f} | "
                    f"{m.get('update/param_change', float('nan')):.4f} |")

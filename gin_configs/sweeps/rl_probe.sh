@@ -5,6 +5,11 @@
 # it is measured once (LoopConfig.val_start in probe.gin) and not repeated here. Two jobs side by side, ~80 min.
 #   bash gin_configs/sweeps/rl_probe.sh
 #   python -m launch.sweep --root runs/rl_signal/probe --report
+# With DAPO's dynamic sampling (up to 2 refill rounds a step; ~2.5x the episodes, ~100 min two side by side):
+#   bash gin_configs/sweeps/rl_probe.sh --root runs/rl_signal/probe_ds \
+#     --gin_bindings="train_grpo.dynamic_sampling_rounds = 2"
+# The table of either (records copied to results/rl_signal/, the start's val in its start/):
+#   python -m launch.probe_report results/rl_signal/probe
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 exec "${PYTHON:-python}" -m launch.sweep --gin_file=gin_configs/rl_signal/probe.gin --root runs/rl_signal/probe \

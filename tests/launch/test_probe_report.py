@@ -17,9 +17,11 @@ def test_the_probe_table_pairs_each_val_with_the_start(tmp_path):
   job = tmp_path / "learning_rate=1e-4" / "seed=0"
   (job / "val").mkdir(parents=True)
   (job / "val" / "step_8.json").write_text(json.dumps(val(8, {"maze": 1, "babyai": 0})))
-  (job / "metrics.jsonl").write_text(json.dumps({"step": 8, "kl_ref": 0.5, "update/param_change": 0.001}) + "\n")
+  (job / "metrics.jsonl").write_text(
+      json.dumps({"step": 1, "rollout/episodes": 64}) + "\n" + json.dumps({"step": 0, "val/success": 0.0}) + "\n"
+      + json.dumps({"step": 8, "kl_ref": 0.5, "update/param_change": 0.001, "rollout/episodes": 128}) + "\n")
   probe_report.main([str(tmp_path)])
   text = (tmp_path / "probe.md").read_text()
-  assert "| start | 0 | 0.000 | 0.000 | 0.000 |" in text
+  assert "| start | 0 | 0 | 0.000 | 0.000 | 0.000 |" in text
   # maze +1 on every episode, babyai +0: the overall difference is the mean over envs, +0.5, with no spread.
-  assert "| learning_rate=1e-4/seed=0 | 8 | 1.000 | 0.000 | 0.500 | +0.500 [+0.500, +0.500] | 0.500 | 0.0010 |" in text
+  assert "| learning_rate=1e-4/seed=0 | 8 | 192 | 1.000 | 0.000 | 0.500 | +0.500 [+0.500, +0.500] | 0.500 | 0.0010 |" in text
