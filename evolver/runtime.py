@@ -123,14 +123,19 @@ def return_free_memory() -> bool:
 _libc = None
 
 
+def cache_dir() -> str:
+  """The root of what evolver caches (compiled programs, datasets, exported models): `$EVOLVER_CACHE_DIR`, else
+  `~/.cache/evolver` (an empty variable counts as unset)."""
+  return os.environ.get(CACHE_DIR_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "evolver")
+
+
 def compilation_cache_dir() -> str:
   """Where JAX's persistent compilation cache lives: `$JAX_COMPILATION_CACHE_DIR`, else `$EVOLVER_CACHE_DIR/jax`,
   else `~/.cache/evolver/jax` (an empty variable counts as unset)."""
   explicit = os.environ.get(JAX_CACHE_DIR_ENV)
   if explicit:
     return explicit
-  root = os.environ.get(CACHE_DIR_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "evolver")
-  return os.path.join(root, "jax")
+  return os.path.join(cache_dir(), "jax")
 
 
 def enable_compilation_cache() -> str:

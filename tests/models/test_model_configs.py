@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # Published sizes (transformers' num_parameters on the real checkpoints), relative tolerance 0.5%.
 EXPECTED = {"tiny": None, "qwen2_5_0_5b": 494_032_768, "qwen2_5_1_5b": 1_543_714_304,
-            "qwen2_5_7b": 7_615_616_512, "llama2_7b": 6_738_415_616}
+            "qwen2_5_7b": 7_615_616_512, "llama2_7b": 6_738_415_616, "smollm2_135m": 134_515_008}
 
 
 def config_from_gin(name: str) -> ModelConfig:

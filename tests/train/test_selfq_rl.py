@@ -2,6 +2,7 @@
 mixture, the synthetic set kept in checkpoints (a resumed run mixes the same tasks), rollouts grown into new tasks,
 and a synthetic task's ground truth as a trajectory (what can seed the experience pool)."""
 
+import json
 import random
 
 import pytest
@@ -81,4 +82,36 @@ def test_rollouts_grow_the_synthetic_set(tmp_path, small_slices):
     assert trajectory.success and trajectory.task_spec == record.spec.to_json()
     assert trajectory.messages[1].content == "Ok." and trajectory.messages[3].content.startswith("Thought:")
   assert ext.after_step(1, [rollout])["added"] == 0  # the same outcomes again: nothing new
+  ext.close()
+
+
+def test_an_llm_proposes_the_tasks_from_the_replayed_rollouts(tmp_path, small_slices):
+  with pytest.raises(ValueError, match="needs `llm`"):
+    SyntheticTasks(proposer="llm")
+  prompts_seen = []
+
+  def generate(prompts):  # an LLM that names the rollout's first two moves as a task
+    prompts_seen.extend(prompts)
+    return ['[{"query": "walk two squares", "confidence": 0.9, "action_sequence": '
+            f'{json.dumps(moves[:2])}}}]', "no JSON here"][:len(prompts)]
+
+  ext = SyntheticTasks(taskset=None, regenerate_every=1, proposer="llm", llm=generate)
+  with pytest.warns(UserWarning, match="using all of them"):
+    ext.start(model_dir=str(tmp_path), envs=["maze"], seed=0)
+  env = envs.make("maze")
+  opening = [Message("user", env.instruction()), Message("assistant", "Ok."), Message("user", env.reset(81))]
+  turns = []
+  for _ in range(3):
+    turn = env.expert_action()
+    turns += [Message("assistant", turn), Message("user", env.step(turn)[0])]
+  rollout = Rollout(item_id="maze_81", messages=opening + turns, env="maze", task_index=81, split="train",
+                    turns=3, group=0, opening_len=3)
+  moves = rollout_actions(rollout)
+  with pytest.warns(UserWarning, match="the task set has 1: using all of them"):
+    row = ext.after_step(0, [rollout])
+  assert len(prompts_seen) == 1 and "Action: " + moves[0] in prompts_seen[0]
+  assert row["llm_prompts"] == 1 and row["llm_proposals"] == 1 and row["added"] == 1
+  (record,) = ext.mixture.records
+  assert record.spec.goal == "walk two squares" and record.source["proposer"] == "rollout_llm"
+  assert ground_truth_trajectory(record, envs.make("maze")).success
   ext.close()

@@ -107,18 +107,21 @@ def test_bad_binding_fails_fast_with_its_name(tmp_path):
   assert "no_such_option" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_every_run_config_parses_as_it_ships():
-  # Parsed as launch.train parses them, in a fresh process (in pytest's, `tests/models` shadows gin's includes).
+def test_every_run_config_parses_as_it_ships(tmp_path):
+  # Parsed as launch.train parses them, in a fresh process (in pytest's, `tests/models` shadows gin's includes),
+  # with an empty cache: parsing exports no model (gin_configs/smollm2 name SmolLM2's export, made when a run reads it).
   script = ("import sys, gin\n"
             "from evolver.train import gin_config\n"
             "for path in sys.argv[1:]:\n"
             "  gin.clear_config()\n"
             "  gin_config.parse([path], [\"MODEL_DIR = 'x'\"])\n"
             "  print(path, gin.query_parameter('run.loop').selector)\n")
-  runs = sorted(os.path.join("gin_configs", folder, f) for folder in ("runs", "benchmarks", "rl_signal")
+  runs = sorted(os.path.join("gin_configs", folder, f) for folder in ("runs", "benchmarks", "rl_signal", "smollm2")
                 for f in os.listdir(os.path.join(ROOT, "gin_configs", folder)))
-  proc = subprocess.run([sys.executable, "-c", script, *runs], cwd=ROOT, capture_output=True, text=True)
+  proc = subprocess.run([sys.executable, "-c", script, *runs], cwd=ROOT, capture_output=True, text=True,
+                        env={**os.environ, "EVOLVER_CACHE_DIR": str(tmp_path)})
   assert proc.returncode == 0, proc.stderr[-2000:]
+  assert not os.listdir(tmp_path)
   loops = dict(line.split() for line in proc.stdout.strip().splitlines())
   expected = {os.path.join("gin_configs", "runs", f"{name}.gin"): f"train_{name}"
               for name in ("agentevol", "bc", "dpo", "grpo")}
@@ -128,6 +131,8 @@ def test_every_run_config_parses_as_it_ships():
   expected.update({os.path.join("gin_configs", "rl_signal", f"{name}.gin"): "train_grpo"
                    for name in ("probe", "grpo_before", "grpo")})
   expected[os.path.join("gin_configs", "rl_signal", "agentevol.gin")] = "train_agentevol"
+  expected.update({os.path.join("gin_configs", "smollm2", f"{name}.gin"): loop
+                   for name, loop in (("warmup", "train_bc"), ("grpo", "train_grpo"), ("agentevolver", "train_grpo"))})
   assert loops == expected
 
 
