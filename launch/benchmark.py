@@ -3,6 +3,8 @@
   python -m launch.benchmark --suite sampler
   python -m launch.benchmark --suite env
   python -m launch.benchmark --suite retrieval   # experience index: ScaNN vs exact numpy at 100k and 1M
+  python -m launch.benchmark --suite smollm2     # SmolLM2-135M: sampler, train step vs PyTorch; GRPO step memory
+  python -m launch.benchmark --suite NAME --help  # the suite's options
 
 Prints a readable table; the last line is one JSON object with at least `suite`, `ours`, `peer`, `unit` and
 `speedup` (ours / peer, higher is better), plus per-suite fields.
@@ -22,9 +24,18 @@ def available_suites() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--suite", required=True, help=f"one of {available_suites()}")
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   add_help=False)
+  parser.add_argument("-h", "--help", action="store_true", help="this help; with --suite, the suite's options")
+  parser.add_argument("--suite", help=f"one of {available_suites()}")
   args, rest = parser.parse_known_args(argv)
+  if args.suite is None:
+    if args.help:
+      parser.print_help()
+      parser.exit()
+    parser.error("the following arguments are required: --suite")
+  if args.help:
+    rest = ["--help", *rest]  # the suite's parser prints its options and exits
   if args.suite not in available_suites():
     parser.error(f"unknown suite {args.suite!r}; choose one of {available_suites()}")
   module = importlib.import_module(f"launch.benchmarks.{args.suite}")

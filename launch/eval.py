@@ -39,28 +39,70 @@ conversation so far. Requests are retried with backoff on connection errors, 429
 5xx; a 401/403/404 stops the run with the server's message. The API key is read from the environment variable
 that `--api_key_env` names (default OPENAI_API_KEY; none needed for a local server) and never written out; the
 results carry the endpoint and model under "policy" and the request counts under "api_stats".
+
+Experience without training (as ReMe is used): a policy's own episodes become memories, which later episodes
+retrieve. Build a pool from the train split, then evaluate held-out tasks with and without it, paired:
+
+  python -m launch.eval --hf_checkpoint DIR --envs maze,sql --split train --num_tasks 100 \
+      --summarize_into runs/pool --out runs/pool_train.json          # [--summarizer policy]
+  python -m launch.eval --hf_checkpoint DIR --envs maze,sql --num_tasks 100 --out runs/plain.json
+  python -m launch.eval --hf_checkpoint DIR --envs maze,sql --num_tasks 100 --experience runs/pool \
+      --out runs/with_pool.json --baseline runs/plain.json
+
+`--summarize_into DIR`, after evaluating, summarizes the episodes played (failed ones aside) into the pool of
+`--workspace_id` (default 'default') in DIR, made if missing: the SQLite store, ScaNN index, embedder (`--embedder`,
+default hashing) and summary pipeline of the RL loop's ExperienceManager, the memories committed in one transaction
+(a crash leaves the pool with all of them or none), outside any RL run's history. `--summarizer extractive` (the
+default) needs no model; `--summarizer policy` is ReMe's LLM pipeline answered by the evaluated policy itself (its
+sampler, already loaded, where a prompt that does not fit `--max_context_tokens` gets an empty reply; with --policy
+openai, the same endpoint), `--summarizer_max_new_tokens` per reply. The results get "experience_summary": the
+memories stored ("committed"), duplicates and invalid ones left out, and the summarizer replies that did not parse
+("unparseable", of "replies").
+
+`--experience DIR` gives each episode's opening the top `--experience_top_k` (default 3) memories retrieved for its
+task's text, in AgentEvolver's template at the end of the last initial user message, within
+`--max_experience_tokens` (default 512) of the policy's tokens (an endpoint's: the shipped tokenizer's), as the RL
+loop does (`ExperienceManager.transform_openings`). The tasks and each episode's sampling randomness are those of
+the same evaluation without it, so `--baseline` pairs the two. The results get "experience" (the pool, its size,
+top_k, how many episodes got memories) and each episode the ids of the memories it carried. Given both, the episodes
+are summarized without the experience they were given, as in the RL loop.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from evolver import envs as envs_lib
 from evolver import paths
+from evolver.experience.records import ExperienceError, check_workspace_id
+from evolver.experience.store import ExperienceStore
+from evolver.experience.summarizer import ExtractiveSummarizer, LLMSummarizer, Summarizer, SummarizerUnavailable
+from evolver.models import generate as generate_lib
 from evolver.models import load_hf
 from evolver.models import tokenizer as tokenizer_lib
 from evolver.models.openai_api import APIRequestError, OpenAIChat
 from evolver.models.sampler import Sampler
-from evolver.rollout import APIRolloutEngine
+from evolver.rollout import APIRolloutEngine, Rollout
 from evolver.train import evaluation
+from evolver.train.experience import ExperienceManager, strip_added_messages
 from launch import sweep_report
 
 POLICIES = ("local", "openai")
 PAIRED_FILE = "paired.json"  # --baseline's comparison, beside the results
+# The experience pool (ExperienceManager's defaults, as gin_configs/experience/grpo.gin sets them).
+SUMMARIZERS = ("extractive", "policy")  # ExtractiveSummarizer; LLMSummarizer over the evaluated policy itself
+EMBEDDERS = ("hashing", "minilm")
+WORKSPACE_ID = "default"
+EMBEDDER = "hashing"
+TOP_K = 3
+EXPERIENCE_TOKENS = 512
+SUMMARIZER_MAX_NEW_TOKENS = 512  # LivePolicyGenerate's default
 
 
 def load_policy(args: argparse.Namespace):
@@ -220,6 +262,149 @@ def paired_table(comparisons: dict[str, dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
+def check_experience_args(args: argparse.Namespace) -> None:
+  """Before anything loads: SystemExit for experience flags that cannot work; fills in their defaults."""
+  belong = (("--experience DIR", args.experience, ("experience_top_k", "max_experience_tokens")),
+            ("--summarize_into DIR", args.summarize_into, ("summarizer", "summarizer_max_new_tokens")),
+            ("--experience DIR or --summarize_into DIR", args.experience or args.summarize_into,
+             ("workspace_id", "embedder")))
+  for owner, present, names in belong:
+    given = [f"--{name}" for name in names if getattr(args, name) is not None]
+    if given and not present:
+      raise SystemExit(f"{', '.join(given)}: only with {owner}")
+  args.workspace_id = args.workspace_id or WORKSPACE_ID
+  args.embedder = args.embedder or EMBEDDER
+  args.experience_top_k = TOP_K if args.experience_top_k is None else args.experience_top_k
+  args.max_experience_tokens = EXPERIENCE_TOKENS if args.max_experience_tokens is None else args.max_experience_tokens
+  args.summarizer = args.summarizer or SUMMARIZERS[0]
+  if args.summarizer_max_new_tokens is None:
+    args.summarizer_max_new_tokens = SUMMARIZER_MAX_NEW_TOKENS
+  if args.experience_top_k < 1:
+    raise SystemExit(f"--experience_top_k must be >= 1, got {args.experience_top_k}")
+  if args.max_experience_tokens < 0:
+    raise SystemExit(f"--max_experience_tokens must be >= 0 (0: no budget), got {args.max_experience_tokens}")
+  if args.summarizer_max_new_tokens < 1:
+    raise SystemExit(f"--summarizer_max_new_tokens must be >= 1, got {args.summarizer_max_new_tokens}")
+  if not (args.experience or args.summarize_into):
+    return
+  try:
+    check_workspace_id(args.workspace_id)
+  except ExperienceError as error:
+    raise SystemExit(f"--workspace_id: {error}") from None
+  for flag, directory in (("--experience", args.experience), ("--summarize_into", args.summarize_into)):
+    if directory and not paths.is_local(directory):
+      raise SystemExit(f"{flag} needs a local directory (the pool is SQLite databases), got {directory!r}")
+    if directory and os.path.exists(directory) and not os.path.isdir(directory):
+      raise SystemExit(f"{flag} {directory}: not a directory (a pool is a directory of workspaces)")
+  if args.experience:
+    where = f"--experience {args.experience}"
+    if not os.path.isdir(args.experience):
+      raise SystemExit(f"{where}: no such directory; build a pool first (launch.eval --split train "
+                       "--summarize_into DIR, or an RL run's MODEL_DIR/experience)")
+    store = ExperienceStore(args.experience)
+    if not store.exists(args.workspace_id):
+      found = store.workspaces()
+      hint = f"its workspaces: {', '.join(found)}; pick one with --workspace_id" if found else "no pool there at all"
+      raise SystemExit(f"{where}: no workspace {args.workspace_id!r} ({hint})")
+    with store.open(args.workspace_id, create=False) as workspace:
+      if not workspace.count():
+        raise SystemExit(f"{where}: workspace {args.workspace_id!r} holds no memories: nothing to retrieve")
+
+
+def open_pool(args: argparse.Namespace, directory: str, tokenizer: Any, *, retrieve: bool,
+              summarizer: Summarizer | None = None) -> ExperienceManager:
+  """The pool of `--workspace_id` in `directory`, opened as the RL loop's ExperienceManager opens it: for retrieval
+  (every episode, `val_rollout_mode` "all", top `--experience_top_k`, within `--max_experience_tokens` of the
+  policy's tokenizer) or to summarize into (created if missing)."""
+  manager = ExperienceManager(workspace_id=args.workspace_id, val_rollout_mode="all" if retrieve else "woexp",
+                              retrieve_top_k=args.experience_top_k,
+                              max_experience_tokens=args.max_experience_tokens or None, embedder=args.embedder,
+                              summarizer=summarizer, require_existing=retrieve, seed=args.seed)
+  try:
+    manager.open_pool(directory, tokenizer=tokenizer)
+  except (FileNotFoundError, ImportError, ValueError, ExperienceError) as error:
+    raise SystemExit(f"{'--experience' if retrieve else '--summarize_into'} {directory}: {error}") from None
+  return manager
+
+
+def with_retrieval(manager: ExperienceManager):
+  """The opening transform of `evaluation.evaluate`: each episode's opening gets the top-k memories retrieved for
+  its task, as the RL loop's validation episodes get them (`ExperienceManager.transform_openings`)."""
+  return lambda openings: manager.transform_openings(0, openings, validating=True)
+
+
+def experience_record(args: argparse.Namespace, manager: ExperienceManager, results: dict[str, Any],
+                      rollouts: Sequence[Rollout]) -> dict[str, Any]:
+  """Marks each of `results["episodes"]` with the ids of the memories its opening carried (under "experience")
+  and returns what the results keep of the retrieval: the pool, its size, top_k and how many episodes got
+  experience."""
+  given = {(r.env, r.task_index, r.sample): list(r.added.get("experience", [])) for r in rollouts}
+  for episode in results.get("episodes", []):
+    episode["experience"] = given.get((episode["env"], episode["index"], episode["sample"]), [])
+  with_experience = [ids for ids in given.values() if ids]
+  return {"pool": os.path.abspath(args.experience), "workspace_id": args.workspace_id, "size": manager.size,
+          "top_k": args.experience_top_k, "max_experience_tokens": args.max_experience_tokens or None,
+          "embedder": args.embedder, "episodes": len(given), "episodes_with": len(with_experience),
+          "memories_given": sum(len(ids) for ids in with_experience)}
+
+
+class CountedGenerate:
+  """A `Generate` that counts the prompts it was asked (the summarizer's replies, parsed or not)."""
+
+  def __init__(self, generate: generate_lib.Generate):
+    self.generate, self.prompts = generate, 0
+
+  def __call__(self, prompts: list[str]) -> list[str]:
+    self.prompts += len(prompts)
+    return self.generate(prompts)
+
+
+def make_summarizer(args: argparse.Namespace, policy: Any, tokenizer: Any, source: dict[str, Any]
+                    ) -> tuple[Summarizer, Any, CountedGenerate | None]:
+  """(the summarizer, the context it runs in, its counted generate or None) for `--summarizer`: extractive (no
+  model), or policy: `LLMSummarizer` (ReMe's prompts) whose model is the evaluated policy itself, the sampler
+  already loaded (`LivePolicyGenerate` over it) or the same endpoint (`OpenAIGenerate`)."""
+  if args.summarizer == "extractive":
+    return ExtractiveSummarizer(), contextlib.nullcontext(), None
+  author = ", ".join(f"{k}={v}" for k, v in source.items() if k in ("hf_checkpoint", "model_dir", "step", "gguf",
+                                                                        "base_url", "model"))
+  if args.policy == "openai":
+    key_env = args.api_key_env if args.api_key_env and os.environ.get(args.api_key_env) else None
+    generate = CountedGenerate(generate_lib.OpenAIGenerate(
+        args.base_url, args.model, api_key_env=key_env, max_new_tokens=args.summarizer_max_new_tokens,
+        timeout_s=args.timeout_s, max_retries=args.max_retries, requests_per_s=args.requests_per_s,
+        max_workers=args.max_concurrency))
+    context = contextlib.nullcontext()
+  else:
+    generate = CountedGenerate(generate_lib.LivePolicyGenerate(max_new_tokens=args.summarizer_max_new_tokens))
+    context = generate_lib.live_policy(lambda: generate_lib.LivePolicy(policy, tokenizer))
+  return LLMSummarizer(generate, model=author or None), context, generate
+
+
+def summarize_into(args: argparse.Namespace, manager: ExperienceManager, rollouts: Sequence[Rollout], context: Any,
+                   generate: CountedGenerate | None) -> dict[str, Any]:
+  """The episodes that ran (not failed), their added experience stripped, summarized into the pool and committed
+  in one transaction, as the RL loop's summary step does (`ExperienceManager.before_update`), outside any run's
+  history (no step: no rewind sets them aside). Returns what the results keep: the pool, its size before and
+  after, the memories committed and the summarizer's counts (`evolver.experience.summarizer.STATS`, with
+  "unparseable" the replies that did not parse and, for the policy summarizer, "replies" those asked for)."""
+  trajectories = [strip_added_messages(r) for r in rollouts if not r.failed]
+  before = manager.size
+  try:
+    with context:
+      result = manager.backend.summarize(trajectories)
+  except (SummarizerUnavailable, ExperienceError) as error:
+    raise SystemExit(f"--summarize_into: the summary failed ({error}); the evaluation's results are written, the "
+                     "pool is as it was") from None
+  record = {"pool": os.path.abspath(args.summarize_into), "workspace_id": args.workspace_id,
+            "summarizer": args.summarizer, "embedder": args.embedder, "episodes": len(rollouts),
+            "size_before": before, "size": manager.size, "committed": len(result.memories), **result.stats}
+  if generate is not None:
+    record["replies"] = generate.prompts
+    record["max_new_tokens"] = args.summarizer_max_new_tokens
+  return record
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--policy", default="local", choices=POLICIES,
@@ -265,6 +450,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   api.add_argument("--timeout_s", type=float, default=120.0, help="per request, seconds")
   api.add_argument("--max_retries", type=int, default=5, help="retries of a connection error, 429 or 5xx")
   api.add_argument("--stop", action="append", default=[], help="a stop string (repeatable; default none)")
+  exp = parser.add_argument_group("the experience pool (evolver.experience, as the RL loop's ExperienceManager "
+                                  "uses it)")
+  exp.add_argument("--experience", default=None, metavar="DIR",
+                   help="retrieve from the pool in DIR (a store directory: DIR/WORKSPACE_ID): each episode's opening "
+                        "gets the top-k memories for its task, in the experience template")
+  exp.add_argument("--experience_top_k", type=int, default=None, help=f"memories per episode (default {TOP_K})")
+  exp.add_argument("--max_experience_tokens", type=int, default=None,
+                   help=f"the injected text's budget in the policy's tokens (default {EXPERIENCE_TOKENS}; 0: none)")
+  exp.add_argument("--summarize_into", default=None, metavar="DIR",
+                   help="after evaluating, summarize the episodes played into the pool in DIR (created if missing)")
+  exp.add_argument("--summarizer", default=None, choices=SUMMARIZERS,
+                   help="extractive (default: no model) or policy (ReMe's prompts answered by the evaluated policy)")
+  exp.add_argument("--summarizer_max_new_tokens", type=int, default=None,
+                   help=f"--summarizer policy: tokens per reply (default {SUMMARIZER_MAX_NEW_TOKENS})")
+  exp.add_argument("--workspace_id", default=None, help=f"the pool's workspace in DIR (default {WORKSPACE_ID!r})")
+  exp.add_argument("--embedder", default=None, choices=EMBEDDERS,
+                   help=f"embeds the memories' when_to_use and the queries (default {EMBEDDER})")
   parser.add_argument("--out", default=None,
                       help="output file (or directory); default MODEL_DIR/eval_results.json with --model_dir, "
                            "else eval_results.json; with --with_greedy a directory (default MODEL_DIR, else .)")
@@ -272,6 +474,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
   if args.with_greedy and args.num_samples < 2:
     raise SystemExit("--with_greedy adds the greedy evaluation to a sampled one: give --num_samples k >= 2")
+  check_experience_args(args)
   outputs = with_greedy_paths(args.out, args.model_dir) if args.with_greedy else None
   planned = planned_runs(args)
   baseline = load_evaluations(args.baseline) if args.baseline else None
@@ -293,27 +496,54 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        "--hf_checkpoint DIR, --model_dir RUN or --gguf FILE")
     model, tok, source = load_policy(args)
     policy = Sampler(model, max_length=args.max_context_tokens)
-  evals = {}
+  retriever = open_pool(args, args.experience, tok, retrieve=True) if args.experience else None
+  summary_pool = summary_context = summary_generate = None
+  if args.summarize_into:
+    summarizer, summary_context, summary_generate = make_summarizer(args, policy, tok, source)
+    summary_pool = open_pool(args, args.summarize_into, tok, retrieve=False, summarizer=summarizer)
+  evals, played = {}, []
   try:
     for kind, settings in planned.items():
+      rollouts: list[Rollout] = []
       results = evaluation.evaluate(
           policy, tok, names, split=args.split, start=args.start, num_tasks=args.num_tasks,
           num_samples=settings["num_samples"], temperature=settings["temperature"], top_p=args.top_p,
           max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, batch_size=args.batch_size,
-          seed=args.seed, env_factory=env_factory)
+          seed=args.seed, env_factory=env_factory,
+          transform_openings=with_retrieval(retriever) if retriever else None, on_rollouts=rollouts.extend)
       results["policy"] = source
+      if retriever is not None:
+        results["experience"] = experience_record(args, retriever, results, rollouts)
       evals[kind] = results
+      played += rollouts
   except APIRequestError as error:
     raise SystemExit(f"the endpoint refused a request: {error}") from None
   finally:
     if isinstance(policy, APIRolloutEngine):
       policy.close()
-  written = []
-  for kind, results in evals.items():
-    target = outputs[kind] if outputs else results_path(args.out, args.model_dir)
-    written.append(evaluation.write_eval_results(target, results))
+  targets = {kind: outputs[kind] if outputs else results_path(args.out, args.model_dir) for kind in evals}
+  written = [evaluation.write_eval_results(targets[kind], results) for kind, results in evals.items()]
+  for results in evals.values():
     print(f"\n{sweep_report.kind_label(results)}:")
     evaluation.print_table(results)
+    if "experience" in results:
+      e = results["experience"]
+      print(f"experience: {e['episodes_with']} of {e['episodes']} episodes given memories (top {e['top_k']} of "
+            f"{e['size']} in {e['pool']}/{e['workspace_id']})")
+  if summary_pool is not None:
+    # After the results are written: a summarizer that fails loses no evaluation.
+    summary = summarize_into(args, summary_pool, played, summary_context, summary_generate)
+    for results in evals.values():
+      results["experience_summary"] = summary
+    written = [evaluation.write_eval_results(targets[kind], results) for kind, results in evals.items()]
+    replies = f" of {summary['replies']}" if "replies" in summary else ""
+    print(f"\nsummarized {summary['episodes']} episodes into {summary['pool']}/{summary['workspace_id']} "
+          f"({summary['summarizer']}): {summary['committed']} memories stored, {summary['duplicates']} duplicates "
+          f"and {summary['invalid']} invalid left out, {summary['unparseable']}{replies} summarizer replies "
+          f"unparseable; the pool holds {summary['size']} (was {summary['size_before']})")
+    summary_pool.close()
+  if retriever is not None:
+    retriever.close()
   for path in written:
     print(f"wrote {path}")
   if baseline is not None:
@@ -324,7 +554,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if skipped:
       print(f"not compared (the baseline has no such evaluation): {', '.join(skipped)}")
     paired_path = os.path.join(os.path.dirname(written[0]), PAIRED_FILE)
-    print(f"wrote {paths.write_json(paired_path, {'baseline': args.baseline, 'policy': source, **comparisons})}")
+    record = {"baseline": args.baseline, "policy": source, **comparisons}
+    if retriever is not None:
+      record["experience"] = next(iter(evals.values()))["experience"]
+    print(f"wrote {paths.write_json(paired_path, record)}")
   sys.stdout.flush()
   return next(iter(evals.values()))  # the requested evaluation (with --with_greedy, the sampled one)
 

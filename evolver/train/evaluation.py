@@ -114,7 +114,8 @@ def evaluate(policy: RolloutEngine | APIRolloutEngine | Sampler | Decoder, token
              top_p: float = 1.0, max_new_tokens: int = 128, max_rounds: int | None = None,
              max_context_tokens: int | None = None, batch_size: int = 64, seed: int = 0,
              env_factory: Callable[[str], Any] = envs_lib.make, keep_episodes: bool = True,
-             transform_openings: OpeningTransform | None = None) -> dict[str, Any]:
+             transform_openings: OpeningTransform | None = None,
+             on_rollouts: Callable[[list[Rollout]], None] | None = None) -> dict[str, Any]:
   """Rolls the policy out on `split` of each env and summarizes.
 
   Args:
@@ -131,6 +132,8 @@ def evaluate(policy: RolloutEngine | APIRolloutEngine | Sampler | Decoder, token
     temperature: None = 0 (greedy) when num_samples is 1, else 1.0.
     keep_episodes: also return one small record per episode under "episodes".
     transform_openings: changes the openings of some episodes (`RolloutEngine.run`), e.g. experience.
+    on_rollouts: called once with every episode's `Rollout` (failed ones included, in the order of "episodes"),
+      e.g. to summarize them into experience (`launch.eval --summarize_into`).
 
   Returns:
     {"split", "num_samples", "temperature", "seed", "max_new_tokens", "max_rounds", "envs": {name: {success,
@@ -163,6 +166,8 @@ def evaluate(policy: RolloutEngine | APIRolloutEngine | Sampler | Decoder, token
     with RolloutEngine(policy, tokenizer, env_factory=env_factory) as own:
       batch = own.run(tasks, config, transform_openings=transform_openings)
   seconds = time.perf_counter() - start
+  if on_rollouts is not None:
+    on_rollouts(list(batch.trajectories))
   results: dict[str, Any] = {
       "split": split, "num_samples": num_samples, "temperature": temperature, "top_p": top_p, "seed": seed,
       "max_new_tokens": max_new_tokens, "max_rounds": max_rounds,

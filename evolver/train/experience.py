@@ -51,7 +51,8 @@ Per RL step (DESIGN 3.6; the allocation, template and strip functions are `evolv
   so the file is copied there on the service's host and `init_from` is its path relative to that directory.
 Lifecycle (the seed's table; `gin_configs/experience/`): no pool; init only (`init_experience_pool`: build the
 pool, train nothing); init + train (`init_from`, updated_freq 0); init + train + update (updated_freq k); exist +
-train (an existing `workspace_id` in `store_dir`, `require_existing`); exist + train + update.
+train (an existing `workspace_id` in `store_dir`, `require_existing`); exist + train + update. Without training
+(`launch.eval --summarize_into DIR` / `--experience DIR`): `open_pool` opens the same pool outside a run.
 """
 
 from __future__ import annotations
@@ -174,10 +175,8 @@ class ExperienceManager(RLExtension):
 
   def start(self, *, model_dir: paths.PathLike, envs: Sequence[str], seed: int,
             tokenizer: PreTrainedTokenizerBase | None = None) -> None:
-    self.seed, self.tokenizer = seed, tokenizer
-    if self.max_experience_tokens is not None and tokenizer is None:
-      from evolver.models import tokenizer as tokenizer_lib
-      self.tokenizer = tokenizer_lib.load_tokenizer()  # (a run passes its own; the default one otherwise)
+    self.seed = seed
+    self._set_tokenizer(tokenizer)
     model_dir = paths.as_path(model_dir)
     if distributed.process_count() > 1 and not self.service_url:
       raise ValueError("a multi-process run shares one experience pool through a service: start `python -m "
@@ -188,20 +187,43 @@ class ExperienceManager(RLExtension):
       self.backend = ExperienceClient(self.service_url, self.workspace_id, token_env=self.service_token_env)
       self.backend.health()  # fails now, with the URL, rather than at the first step
     else:
-      store_dir = paths.local_dir(self.store_dir or model_dir / "experience",
-                                  "the experience store (SQLite databases: set ExperienceManager.store_dir)")
-      store = ExperienceStore(store_dir)
-      self.new_workspace = not store.exists(self.workspace_id)
-      if self.require_existing and not (store.exists(self.workspace_id) and store.open(self.workspace_id).count()):
-        raise FileNotFoundError(f"no memories in workspace {self.workspace_id!r} of {store_dir!r}: the exist modes "
-                                "use a pool made before (e.g. by gin_configs/experience/init_only.gin)")
-      self.pool = ExperiencePool(store, self.workspace_id, embedders_lib.make_embedder(self.embedder_name),
-                                 min_score=self.min_score)
-      self.backend = LocalBackend(self.pool, self._summarizer)
+      self._open_local(self.store_dir or model_dir / "experience")
       self.base = self._run_base(model_dir / RUN_FILE)
     if self.init_from and distributed.is_primary() and self.size == 0:
       self._initialise(envs)
     distributed.barrier("experience pool ready")
+
+  def open_pool(self, store_dir: str, *, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+    """Opens the in-process pool of `workspace_id` in `store_dir` outside an RL run, as `start` opens it but with
+    no run file, no `init_from` and the store's step base 0: for `launch.eval`, which retrieves for its episodes
+    (`transform_openings(0, openings, validating=True)`: `val_rollout_mode`) and summarizes them
+    (`backend.summarize`).
+
+    Raises:
+      FileNotFoundError: `require_existing` and the workspace is missing or holds no memories.
+      ValueError: `store_dir` is not local.
+    """
+    self._set_tokenizer(tokenizer)
+    self._open_local(store_dir)
+
+  def _set_tokenizer(self, tokenizer: PreTrainedTokenizerBase | None) -> None:
+    """The policy's tokenizer counts the experience budget (a run passes its own; the default one otherwise)."""
+    self.tokenizer = tokenizer
+    if self.max_experience_tokens is not None and tokenizer is None:
+      from evolver.models import tokenizer as tokenizer_lib
+      self.tokenizer = tokenizer_lib.load_tokenizer()
+
+  def _open_local(self, store_dir: paths.PathLike) -> None:
+    """The in-process pool and its backend (the workspace is created unless `require_existing` refuses)."""
+    store_dir = paths.local_dir(store_dir, "the experience store (SQLite databases: set ExperienceManager.store_dir)")
+    store = ExperienceStore(store_dir)
+    self.new_workspace = not store.exists(self.workspace_id)
+    if self.require_existing and not (store.exists(self.workspace_id) and store.open(self.workspace_id).count()):
+      raise FileNotFoundError(f"no memories in workspace {self.workspace_id!r} of {store_dir!r}: the exist modes "
+                              "use a pool made before (e.g. by gin_configs/experience/init_only.gin)")
+    self.pool = ExperiencePool(store, self.workspace_id, embedders_lib.make_embedder(self.embedder_name),
+                               min_score=self.min_score)
+    self.backend = LocalBackend(self.pool, self._summarizer)
 
   @property
   def size(self) -> int:

@@ -5,7 +5,8 @@
 GRPO steps of the CPU comparison's recipe (gin_configs/experience/no_pool.gin + gin_configs/compare/cpu/grpo.gin:
 8 tasks x 4 episodes = 32 episodes a step over `--envs`, temperature 1, 96 tokens a turn, each env's turn limit,
 4 minibatches, learning rate 1e-4) from the shipped shared BC checkpoint, run by `launch.train`'s own code path
-(`train_grpo`) in a fresh process, without val or held-out evaluation. The first step is the cold one (every
+(`train_grpo`) in a fresh process, without val or held-out evaluation (`measure_steps`; `--recipe` names other gin
+files, and the smollm2 suite runs it for SmolLM2's GRPO step). The first step is the cold one (every
 program compiled: `--compilation_cache fresh` starts from an empty persistent cache, `shared` uses the user's);
 the warm figures are medians over the later steps.
 
@@ -30,6 +31,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 
 from launch.benchmarks import common
 
@@ -53,7 +55,8 @@ def _worker(args: argparse.Namespace) -> dict:
     bindings = [f"MODEL_DIR = {model_dir!r}", f"TRAIN_STEPS = {args.steps}",
                 f"train_grpo.envs = {args.envs.split(',')!r}", "TaskSlices.val_count = 0",
                 "LoopConfig.eval_tasks = 0", f"TrainerConfig.checkpoint_every = {args.steps + 1}"]
-    gin_config.parse([os.path.join(ROOT, f) for f in RECIPE], bindings + list(args.gin_bindings), [])
+    recipe = [os.path.join(ROOT, f) for f in args.recipe.split(",")]
+    gin_config.parse(recipe, bindings + list(args.gin_bindings), [])
     gin_config.run()
     rows = [r for r in metrics_lib.read_metrics(model_dir) if "time/rollout_s" in r]
   finally:
@@ -63,6 +66,29 @@ def _worker(args: argparse.Namespace) -> dict:
     by_step.setdefault(event.tag or "setup", []).append(event)
   return {"rows": rows, "compiles": {tag: runtime.CompileLog.by_function(events) for tag, events in by_step.items()},
           "peak_rss_gb": runtime.peak_resident_gb()}
+
+
+def measure_steps(*, steps: int, envs: str, recipe: Sequence[str] = RECIPE, gin_bindings: Sequence[str] = (),
+                  compilation_cache: str = "fresh") -> dict:
+  """Runs `steps` GRPO steps of the gin files `recipe` (paths from the repository root) plus `gin_bindings` over
+  `envs` (comma-separated) in a fresh process (`_worker`), with an empty persistent compilation cache (`fresh`) or
+  the user's (`shared`). Returns its metrics rows (one a step), compilations per phase and `peak_rss_gb` (the most
+  resident memory that process held, GB)."""
+  env = {}
+  cache_dir = None
+  if compilation_cache == "fresh":
+    cache_dir = tempfile.mkdtemp(prefix="rl_step_xla_cache_")
+    env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
+  worker_args = ["--steps", str(steps), "--envs", envs, "--recipe", ",".join(recipe), "--compilation_cache",
+                 compilation_cache, "--worker", *[f"--gin_bindings={b}" for b in gin_bindings]]
+  try:
+    out = common.run_worker("launch.benchmarks.rl_step", worker_args, env=env, timeout=3600)
+  finally:
+    if cache_dir:
+      shutil.rmtree(cache_dir, ignore_errors=True)
+  if len(out["rows"]) != steps:
+    raise RuntimeError(f"the run logged {len(out['rows'])} RL steps; expected {steps}")
+  return out
 
 
 def _median(rows: list[dict], key: str) -> float:
@@ -82,30 +108,19 @@ def run(argv: list[str]) -> dict:
                       help="fresh: an empty persistent compilation cache (a true cold start); shared: the user's")
   parser.add_argument("--gin_bindings", action="append", default=[], help="extra bindings for the run")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  parser.add_argument("--recipe", default=",".join(RECIPE), help="comma-separated gin files, from the repository root")
   args = parser.parse_args(argv)
-  if args.steps < 2:
-    parser.error("--steps must be >= 2 (one cold step, then warm ones)")
   if args.worker:
     result = _worker(args)
     sys.stdout.flush()
     print(json.dumps(result))
     return result
+  if args.steps < 2:
+    parser.error("--steps must be >= 2 (one cold step, then warm ones)")
 
-  env = {}
-  cache_dir = None
-  if args.compilation_cache == "fresh":
-    cache_dir = tempfile.mkdtemp(prefix="rl_step_xla_cache_")
-    env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
-  worker_args = ["--steps", str(args.steps), "--envs", args.envs, "--compilation_cache", args.compilation_cache,
-                 "--worker", *[f"--gin_bindings={b}" for b in args.gin_bindings]]
-  try:
-    out = common.run_worker("launch.benchmarks.rl_step", worker_args, env=env, timeout=3600)
-  finally:
-    if cache_dir:
-      shutil.rmtree(cache_dir, ignore_errors=True)
+  out = measure_steps(steps=args.steps, envs=args.envs, recipe=args.recipe.split(","), gin_bindings=args.gin_bindings,
+                      compilation_cache=args.compilation_cache)
   rows = out["rows"]
-  if len(rows) < 2:
-    raise RuntimeError(f"the run logged {len(rows)} RL steps; expected {args.steps}")
   cold, warm = rows[0], rows[1:]
   compiles_after_first = sum(r.get("compile/compiles", 0) for r in warm)
 

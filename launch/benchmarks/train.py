@@ -3,7 +3,7 @@
 Both sides: the pinned ~20M Qwen2 shape on the same random weights, batch 16 x 512 tokens, token-mean
 next-token cross-entropy, AdamW (lr 1e-4, wd 0.01, clip 1.0), float32, CPU, all cores. Reports tokens/s,
 the ratio, and evolver's model FLOP utilisation (6 x params x tokens + attention, against a measured f32
-matmul peak on this machine).
+matmul peak on this machine). `compare` is the measurement; the smollm2 suite runs it on SmolLM2-135M.
 
   python -m launch.benchmark --suite train [--repeats 5] [--batch 16] [--seq 512]
 """
@@ -14,6 +14,8 @@ import os
 import tempfile
 
 from launch.benchmarks import common
+
+_MODULE = "launch.benchmarks.train"
 
 
 def _batch(batch: int, seq: int, vocab: int):
@@ -93,6 +95,34 @@ def _worker_peak() -> dict:
   return {"flops_per_s": 2 * n ** 3 / seconds}
 
 
+def compare(ckpt: str, *, batch: int, seq: int, repeats: int, torch_threads: int, model_desc: str = "~20M Qwen2",
+            mfu: bool = True) -> dict:
+  """Both sides' train step on the transformers directory `ckpt`, each in its own process; prints the table.
+
+  Returns `ours` and `peer` (tokens/s: batch x seq / median seconds a step), `speedup` (ours / peer), each side's
+  first loss (`first_loss_ours`, `first_loss_peer`) and, with `mfu`, evolver's `mfu` against the measured
+  `peak_flops_per_s`."""
+  shape = [ckpt, str(batch), str(seq), str(repeats)]
+  ours = common.run_worker(_MODULE, ["--worker", "jax", *shape])
+  peer = common.run_worker(_MODULE, ["--worker", "torch", *shape, str(torch_threads)])
+  tokens = batch * seq
+  ours_tps, peer_tps = tokens / ours["seconds"], tokens / peer["seconds"]
+  common.print_table(
+      f"Train step: {model_desc}, batch {batch} x {seq}, token-mean CE + AdamW, float32, CPU",
+      ["side", "median s", "tokens/s", "first loss"],
+      [["evolver (jax, jit)", f"{ours['seconds']:.3f}", f"{ours_tps:.0f}", f"{ours['first_loss']:.4f}"],
+       [f"PyTorch eager ({torch_threads} threads)", f"{peer['seconds']:.3f}", f"{peer_tps:.0f}",
+        f"{peer['first_loss']:.4f}"]])
+  result = {"ours": ours_tps, "peer": peer_tps, "speedup": ours_tps / peer_tps, "first_loss_ours": ours["first_loss"],
+            "first_loss_peer": peer["first_loss"]}
+  if mfu:
+    peak = common.run_worker(_MODULE, ["--worker", "peak"])
+    result.update(mfu=ours["flops"] / ours["seconds"] / peak["flops_per_s"], peak_flops_per_s=peak["flops_per_s"])
+    print(f"matmul peak (f32 2048^3, jax): {peak['flops_per_s'] / 1e9:.1f} GFLOP/s; evolver MFU {result['mfu']:.1%}")
+  print(f"train step speedup {result['speedup']:.2f}x")
+  return result
+
+
 def run(args: list[str]) -> dict:
   parser = argparse.ArgumentParser(prog="launch.benchmark --suite train")
   parser.add_argument("--repeats", type=int, default=5)
@@ -103,24 +133,9 @@ def run(args: list[str]) -> dict:
   opts = parser.parse_args(args)
   ckpt = opts.checkpoint or common.make_reference_checkpoint(
       os.path.join(tempfile.gettempdir(), "evolver_bench_qwen2_20m"))
-  mod = "launch.benchmarks.train"
-  shape = [ckpt, str(opts.batch), str(opts.seq), str(opts.repeats)]
-  ours = common.run_worker(mod, ["--worker", "jax", *shape])
-  peer = common.run_worker(mod, ["--worker", "torch", *shape, str(opts.torch_threads)])
-  peak = common.run_worker(mod, ["--worker", "peak"])
-  tokens = opts.batch * opts.seq
-  ours_tps, peer_tps = tokens / ours["seconds"], tokens / peer["seconds"]
-  mfu = ours["flops"] / ours["seconds"] / peak["flops_per_s"]
-  common.print_table(
-      f"Train step: ~20M Qwen2, batch {opts.batch} x {opts.seq}, token-mean CE + AdamW, float32, CPU",
-      ["side", "median s", "tokens/s", "first loss"],
-      [["evolver (jax, jit)", f"{ours['seconds']:.3f}", f"{ours_tps:.0f}", f"{ours['first_loss']:.4f}"],
-       [f"PyTorch eager ({opts.torch_threads} threads)", f"{peer['seconds']:.3f}", f"{peer_tps:.0f}",
-        f"{peer['first_loss']:.4f}"]])
-  print(f"matmul peak (f32 2048^3, jax): {peak['flops_per_s'] / 1e9:.1f} GFLOP/s; evolver MFU {mfu:.1%}; "
-        f"speedup {ours_tps / peer_tps:.2f}x")
-  return {"suite": "train", "unit": "tokens/s", "ours": ours_tps, "peer": peer_tps, "speedup": ours_tps / peer_tps,
-          "mfu": mfu, "peak_flops_per_s": peak["flops_per_s"], "batch": opts.batch, "seq": opts.seq}
+  result = compare(ckpt, batch=opts.batch, seq=opts.seq, repeats=opts.repeats, torch_threads=opts.torch_threads,
+                   model_desc=opts.checkpoint or "~20M Qwen2")
+  return {"suite": "train", "unit": "tokens/s", **result, "batch": opts.batch, "seq": opts.seq}
 
 
 if __name__ == "__main__":
