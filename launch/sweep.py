@@ -70,9 +70,11 @@ JOB_FILE = "job.json"
 STATUS_FILE = "job_status.json"
 COMMAND_FILE = "command.sh"
 LOG_FILE = "train.log"
-# What --archive keeps of a finished job: its held-out evaluations, learning curves, config, bindings and status.
+# What --archive keeps of a finished job: its held-out evaluations, learning curves, config, bindings and status,
+# and every val's per-task outcomes (the loop's val/step_N.json).
 RECORD_FILES = ("eval_results.json", "eval_samples.json", "metrics.jsonl", "operative_config.gin", JOB_FILE,
                 STATUS_FILE, COMMAND_FILE)
+RECORD_DIRS = ("val",)
 DEFAULT_JOB_MEMORY_GB = 3.0
 LOG_TAIL_LINES = 20
 JOB_REF = re.compile(r"\{job:([^{}]+)\}")
@@ -440,10 +442,17 @@ def current_step(directory: str) -> int | None:
 
 
 def archive_job(job: Job, archive_root: str) -> None:
-  """Copies the job's RECORD_FILES into ARCHIVE/POINT/seed=S, the repository's path made relative."""
+  """Copies the job's RECORD_FILES and the files of its RECORD_DIRS into ARCHIVE/POINT/seed=S, the repository's path
+  made relative."""
   destination = os.path.join(archive_root, job.name)
+  names = list(RECORD_FILES)
+  for folder in RECORD_DIRS:
+    if os.path.isdir(os.path.join(job.directory, folder)):
+      os.makedirs(os.path.join(destination, folder), exist_ok=True)
+      names += sorted(os.path.join(folder, f) for f in os.listdir(os.path.join(job.directory, folder))
+                      if os.path.isfile(os.path.join(job.directory, folder, f)))
   os.makedirs(destination, exist_ok=True)
-  for name in RECORD_FILES:
+  for name in names:
     source = os.path.join(job.directory, name)
     if os.path.exists(source):
       with open(source, encoding="utf-8", errors="replace") as f:

@@ -254,6 +254,24 @@ def test_ctrl_c_stops_every_job_cleanly_and_a_second_run_finishes_only_what_is_m
     assert steps == list(range(1, len(steps) + 1)) and sweep.is_done(job.directory)
 
 
+def test_the_archive_keeps_records_and_val_outcomes_not_checkpoints(tmp_path):
+  run = tmp_path / "runs" / "lr=1" / "seed=0"
+  (run / "val").mkdir(parents=True)
+  (run / "checkpoints" / "4").mkdir(parents=True)
+  (run / "checkpoints" / "4" / "state").write_text("weights")
+  (run / "metrics.jsonl").write_text('{"step": 1}\n')
+  (run / "operative_config.gin").write_text(f"MODEL_DIR = '{os.path.join(sweep.ROOT, 'runs', 'x')}'\n")
+  for step in (0, 4):
+    (run / "val" / f"step_{step}.json").write_text(json.dumps({"step": step, "episodes": [{"index": 400}]}))
+  job = sweep.Job("lr=1/seed=0", "lr=1", 0, (), (), (), str(run), None)
+  sweep.archive_job(job, str(tmp_path / "archive"))
+  kept = tmp_path / "archive" / "lr=1" / "seed=0"
+  assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == [
+      "metrics.jsonl", "operative_config.gin", "val/step_0.json", "val/step_4.json"]
+  assert json.loads((kept / "val" / "step_4.json").read_text())["episodes"] == [{"index": 400}]
+  assert (kept / "operative_config.gin").read_text() == "MODEL_DIR = 'runs/x'\n"  # no path of this machine
+
+
 def test_the_default_job_count_follows_cores_and_memory():
   cores = len(os.sched_getaffinity(0))
   assert sweep.default_jobs(0.001) == cores
