@@ -26,12 +26,34 @@ def median_time(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 5) 
   return statistics.median(times), times
 
 
-def run_worker(module: str, args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 1800) -> dict:
-  """Runs `python -m module args` in a fresh process (so thread settings apply) and parses its last JSON line."""
+# JAX's side of a suite, each in its own worker process: name -> the CPUs the process may run on (None: all).
+# XLA:CPU sizes its thread pool from the process's CPU affinity; XLA_FLAGS such as
+# `--xla_cpu_multi_thread_eigen=false` leave its dot and fusion threads as they are (measured: the same matmul
+# GFLOP/s with and without them, half under `taskset -c 0`), so one core is set by affinity.
+JAX_CORE_SETTINGS: dict[str, frozenset[int] | None] = {"all cores": None, "1 core": frozenset({0})}
+
+
+def check_jax_settings(names: Sequence[str]) -> None:
+  for name in names:
+    if name not in JAX_CORE_SETTINGS:
+      raise ValueError(f"unknown jax setting {name!r}; choose from {list(JAX_CORE_SETTINGS)}")
+
+
+def pinned_to(cpus: frozenset[int] | None) -> Callable[[], None] | None:
+  """A `preexec_fn` that restricts the child process to `cpus` (None: no restriction)."""
+  if cpus is None:
+    return None
+  return lambda: os.sched_setaffinity(0, cpus)
+
+
+def run_worker(module: str, args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 1800,
+               cpus: frozenset[int] | None = None) -> dict:
+  """Runs `python -m module args` in a fresh process (so thread settings apply), on `cpus` (None: all), and
+  parses its last JSON line."""
   full_env = dict(os.environ)
   full_env.update(env or {})
   proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=full_env,
-                        timeout=timeout)
+                        timeout=timeout, preexec_fn=pinned_to(cpus))
   if proc.returncode != 0:
     raise RuntimeError(f"worker {module} {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ episode each, greedy, the same `max_rounds` and `max_new_tokens` per turn on bot
   renders the whole conversation with the chat template, tokenizes it, generates up to `max_new_tokens` with
   the end-of-turn token as EOS, decodes, steps the env and appends the observation.
 
-Each side runs in its own process per thread setting (JAX: all cores or 1 thread; torch: 1 and 2 threads) and
+Each side runs in its own process per thread setting (JAX: all cores or 1 core; torch: 1 and 2 threads) and
 reports at its best one (a later torch setting whose warm-up run alone takes 3x the best median is not
 repeated: on a loaded 2-core machine two torch threads ran up to 30x slower than one). A run of the whole task list is timed: the first run is a warm-up (JAX compiles one
 program per batch and cache bucket there), then the median of `--repeats`. Both sides run the same task list,
@@ -55,11 +55,6 @@ GIVE_UP_FACTOR = 3.0
 _JITTED = ("_prefill", "_extend", "_extend_rows", "_decode", "_select", "_gather_rows", "_scatter_rows", "_begin",
            "_decode_slots", "_reset_rows")
 _MODE_NAMES = {"cached": "cache kept across turns", "reprefill": "history re-prefilled every turn"}
-_JAX_THREAD_SETTINGS = {
-    # name: environment for the worker process (as the sampler suite)
-    "all cores": {},
-    "1 thread": {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"},
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,7 +322,8 @@ def _totals(episodes: Sequence[dict]) -> tuple[int, int]:
   return sum(e["turns"] for e in episodes), sum(e["tokens"] for e in episodes)
 
 
-def _run_worker(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 3600) -> dict:
+def _run_worker(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 3600,
+                cpus: frozenset[int] | None = None) -> dict:
   """`python -m launch.benchmarks.rollout --worker ...` in a fresh process (so thread settings apply). The
   result comes back in a file rather than on stdout: the episodes' texts make it large, and whatever a
   library prints cannot garble it."""
@@ -336,7 +332,8 @@ def _run_worker(args: Sequence[str], env: dict[str, str] | None = None, timeout:
   with tempfile.TemporaryDirectory(prefix="evolver_bench_rollout_worker_") as tmp:
     out = os.path.join(tmp, "result.json")
     proc = subprocess.run([sys.executable, "-m", "launch.benchmarks.rollout", "--worker", out, *args],
-                          capture_output=True, text=True, env=full_env, timeout=timeout)
+                          capture_output=True, text=True, env=full_env, timeout=timeout,
+                          preexec_fn=common.pinned_to(cpus))
     if proc.returncode != 0 or not os.path.exists(out):
       raise RuntimeError(f"rollout worker {' '.join(args[:1])} (env {env}) exited with {proc.returncode} and "
                          f"{'a' if os.path.exists(out) else 'no'} result:\nstdout: {proc.stdout[-2000:]}\n"
@@ -352,9 +349,8 @@ def _gather(checkpoint: str, workload: Workload, opts) -> tuple[list[dict], list
     if opts.inline:
       res = measure_ours(checkpoint, workload, opts.repeats)
     else:
-      env = dict(_JAX_THREAD_SETTINGS[name])
-      env.setdefault("JAX_PLATFORMS", "cpu")
-      res = _run_worker(["jax", checkpoint, workload.to_json(), str(opts.repeats)], env=env)
+      res = _run_worker(["jax", checkpoint, workload.to_json(), str(opts.repeats)], env={"JAX_PLATFORMS": "cpu"},
+                        cpus=common.JAX_CORE_SETTINGS[name])
     ours.append(dict(res, setting=name))
   for threads in opts.torch_threads.split(","):
     give_up = GIVE_UP_FACTOR * min(r["seconds"] for r in peer) if peer else None
@@ -471,8 +467,8 @@ def run(args: list[str]) -> dict:
   parser.add_argument("--max_rounds", type=int, default=4)
   parser.add_argument("--max_new_tokens", type=int, default=48)
   parser.add_argument("--torch_threads", default="1,2")
-  parser.add_argument("--jax_settings", default=",".join(_JAX_THREAD_SETTINGS),
-                      help=f"comma-separated, of {list(_JAX_THREAD_SETTINGS)}")
+  parser.add_argument("--jax_settings", default=",".join(common.JAX_CORE_SETTINGS),
+                      help=f"comma-separated, of {list(common.JAX_CORE_SETTINGS)}")
   parser.add_argument("--checkpoint", default=None,
                       help="a transformers directory with model and tokenizer (default: the tiny default, random)")
   parser.add_argument("--seed", type=int, default=0, help="weights of the random tiny default")
@@ -480,8 +476,8 @@ def run(args: list[str]) -> dict:
                       help="run both sides in this process (thread settings then do not apply; for tests)")
   opts = parser.parse_args(args)
   for name in opts.jax_settings.split(","):
-    if name not in _JAX_THREAD_SETTINGS:
-      parser.error(f"unknown --jax_settings {name!r}; choose from {list(_JAX_THREAD_SETTINGS)}")
+    if name not in common.JAX_CORE_SETTINGS:
+      parser.error(f"unknown --jax_settings {name!r}; choose from {list(common.JAX_CORE_SETTINGS)}")
   workload = make_workload([e for e in opts.envs.split(",") if e], opts.episodes_per_env, opts.max_rounds,
                            opts.max_new_tokens)
   with tempfile.TemporaryDirectory(prefix="evolver_bench_rollout_") as tmp:

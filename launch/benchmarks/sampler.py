@@ -19,11 +19,6 @@ from launch.benchmarks import common
 PROMPT_LEN = 64
 NEW_TOKENS = 128
 _MODULE = "launch.benchmarks.sampler"
-JAX_THREAD_SETTINGS = {
-    # name: environment for the worker process
-    "all cores": {},
-    "1 thread": {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"},
-}
 
 
 def _prompts(batch: int, vocab: int):
@@ -78,15 +73,13 @@ def _worker_torch(ckpt: str, batches: Sequence[int], repeats: int, new_tokens: i
 
 
 def compare(ckpt: str, batches: Sequence[int], *, repeats: int, new_tokens: int = NEW_TOKENS,
-            torch_threads: Sequence[int] = (1, 2), jax_settings: Sequence[str] = tuple(JAX_THREAD_SETTINGS),
+            torch_threads: Sequence[int] = (1, 2), jax_settings: Sequence[str] = tuple(common.JAX_CORE_SETTINGS),
             model_desc: str = "~20M Qwen2") -> dict:
   """Both sides on the transformers directory `ckpt`, every thread setting in its own process; prints the table.
 
   Returns, for each batch B: `ours_bB` and `peer_bB` (each side's best tokens/s: B x new_tokens / median seconds),
   `speedup_bB` (ours / peer) and `agree_bB` (the first 8 greedy tokens of row 0 are the same on both sides)."""
-  for name in jax_settings:
-    if name not in JAX_THREAD_SETTINGS:
-      raise ValueError(f"unknown jax setting {name!r}; choose from {list(JAX_THREAD_SETTINGS)}")
+  common.check_jax_settings(jax_settings)
   rows, best = [], {}
 
   def record(batch: int, side: str, setting: str, res: dict) -> None:
@@ -98,7 +91,7 @@ def compare(ckpt: str, batches: Sequence[int], *, repeats: int, new_tokens: int 
   # Each setting in its own process (thread settings apply at start-up), measuring every batch size in turn.
   shape = [ckpt, ",".join(map(str, batches)), str(repeats), str(new_tokens)]
   for name in jax_settings:
-    res = common.run_worker(_MODULE, ["--worker", "jax", *shape], env=JAX_THREAD_SETTINGS[name])
+    res = common.run_worker(_MODULE, ["--worker", "jax", *shape], cpus=common.JAX_CORE_SETTINGS[name])
     for batch in batches:
       record(batch, "evolver (jax)", name, res[str(batch)])
   for threads in torch_threads:
@@ -124,8 +117,8 @@ def run(args: list[str]) -> dict:
   parser.add_argument("--batches", default="1,32")
   parser.add_argument("--new_tokens", type=int, default=NEW_TOKENS)
   parser.add_argument("--torch_threads", default="1,2")
-  parser.add_argument("--jax_settings", default=",".join(JAX_THREAD_SETTINGS),
-                      help=f"comma-separated, of {list(JAX_THREAD_SETTINGS)}")
+  parser.add_argument("--jax_settings", default=",".join(common.JAX_CORE_SETTINGS),
+                      help=f"comma-separated, of {list(common.JAX_CORE_SETTINGS)}")
   parser.add_argument("--checkpoint", default=None, help="a transformers Qwen2 directory (default: random pinned ~20M)")
   opts = parser.parse_args(args)
   batches = [int(b) for b in opts.batches.split(",")]

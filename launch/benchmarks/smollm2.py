@@ -71,7 +71,7 @@ def run(args: list[str]) -> dict:
   parser.add_argument("--batches", default="1,32", help="the sampler's batch sizes, comma-separated")
   parser.add_argument("--new_tokens", type=int, default=sampler.NEW_TOKENS, help="the sampler's new tokens")
   parser.add_argument("--torch_threads", default="1,2", help="the sampler's transformers thread counts")
-  parser.add_argument("--jax_settings", default=",".join(sampler.JAX_THREAD_SETTINGS),
+  parser.add_argument("--jax_settings", default=",".join(common.JAX_CORE_SETTINGS),
                       help="the sampler's evolver thread settings, comma-separated")
   parser.add_argument("--train_batch", type=int, default=4)
   parser.add_argument("--train_seq", type=int, default=512)

@@ -7,6 +7,9 @@ runs in its own process, and the JSON dict is complete and sane (its goals are j
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -14,6 +17,7 @@ pytest.importorskip("torch")
 
 from evolver.models import gguf  # noqa: E402
 from launch import benchmark  # noqa: E402
+from launch.benchmarks import common as benchmark_common  # noqa: E402
 from launch.benchmarks import rl_step, smollm2  # noqa: E402
 
 # Every figure at its smallest: one timed run, batches 1 and 2, 4 new tokens, a 1 x 16 train step, one setting a side.
@@ -92,3 +96,15 @@ def test_grpo_step_reports_its_peak_memory(tiny_smollm2, capsys):
   assert 0.1 < result["peak_rss_gb"] < 12 and result["rl_step_s"] > 0
   assert math.isclose(result["rl_step_s"], result["rl_rollout_s"] + result["rl_update_s"])
   assert "peak RSS" in capsys.readouterr().out
+
+
+def test_one_core_setting_pins_the_worker_process():
+  """The sampler and rollout suites' "1 core" JAX setting restricts the worker by CPU affinity (XLA:CPU's threads
+  follow it; its thread flags do not), and "all cores" leaves the worker's CPUs as they are."""
+  probe = [sys.executable, "-c", "import json, os; print(json.dumps(sorted(os.sched_getaffinity(0))))"]
+  for name, cpus in benchmark_common.JAX_CORE_SETTINGS.items():
+    out = subprocess.run(probe, capture_output=True, text=True, check=True,
+                         preexec_fn=benchmark_common.pinned_to(cpus)).stdout
+    assert json.loads(out) == (sorted(cpus) if cpus is not None else sorted(os.sched_getaffinity(0))), name
+  with pytest.raises(ValueError, match="unknown jax setting '1 thread'"):
+    benchmark_common.check_jax_settings(["all cores", "1 thread"])
