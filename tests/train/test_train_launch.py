@@ -132,7 +132,8 @@ def test_every_run_config_parses_as_it_ships(tmp_path):
                    for name in ("probe", "grpo_before", "grpo")})
   expected[os.path.join("gin_configs", "rl_signal", "agentevol.gin")] = "train_agentevol"
   expected.update({os.path.join("gin_configs", "smollm2", f"{name}.gin"): loop
-                   for name, loop in (("warmup", "train_bc"), ("grpo", "train_grpo"), ("agentevolver", "train_grpo"))})
+                   for name, loop in (("warmup", "train_bc"), ("grpo", "train_grpo"), ("agentevolver", "train_grpo"),
+                                           ("selfq", "generate_tasks"))})
   assert loops == expected
 
 
