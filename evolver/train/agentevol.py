@@ -385,7 +385,7 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
   results = loop.finish(
       extra_results=dict(policy_phase=(policy_step - 1) // train_steps if policy_step else 0, merge=merge,
                          num_iterations=num_iterations, phases=history,
-                         by_phase={name: {k: r[k] for k in ("policy_step", "envs", "overall")}
+                         by_phase={name: {k: r[k] for k in ("policy_step", "envs", "overall", "episodes") if k in r}
                                    for name, r in by_phase.items()}),
       reuse={r["policy_step"]: r for r in by_phase.values()})
   if by_phase:
@@ -404,7 +404,8 @@ def save_phase_end(trainer: trainer_lib.Trainer, phases: ckpt_lib.Checkpointer, 
 def evaluate_phase_ends(loop: Loop, phases: ckpt_lib.Checkpointer,
                         history: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
   """{phase name: held-out `eval` results of the policy at that phase's end}: BC's (before self-evolution)
-  and every iteration's, the before/after table."""
+  and every iteration's, the before/after table; each keeps its per-episode outcomes ("episodes"), so phases pair
+  with each other and with other evaluations of the same tasks."""
   out = {}
   abstract = ckpt_lib.abstract_of(loop.trainer.state.params)
   kept = set(phases.all_steps())

@@ -175,6 +175,9 @@ def test_agentevol_runs_all_phases_with_global_steps(uninterrupted):
   assert list(by_phase) == ["bc", "iteration 1", "iteration 2"]
   assert [r["policy_step"] for r in by_phase.values()] == phase_ends
   assert all(r["envs"]["sql"]["num_tasks"] == 1 for r in by_phase.values())
+  # Every phase keeps its episodes, the same tasks in the same order: paired across phases.
+  keys = [[(e["env"], e["index"], e["sample"]) for e in r["episodes"]] for r in by_phase.values()]
+  assert keys[0] and all(k == keys[0] for k in keys)
   selected = [r for r in by_phase.values() if r["policy_step"] == results["policy_step"]]
   assert len(selected) == 1 and selected[0]["envs"] == results["envs"]
   assert "held-out success" in proc.stdout and "iteration 2" in proc.stdout and "selected" in proc.stdout
