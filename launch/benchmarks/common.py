@@ -1,12 +1,13 @@
 """Helpers shared by benchmark suites: timing, subprocess workers, the pinned model shape, tables."""
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 # DESIGN.md section 4: the pinned "~20M" Qwen2 shape.
 PINNED_20M = dict(vocab_size=32000, hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
@@ -39,11 +40,20 @@ def check_jax_settings(names: Sequence[str]) -> None:
       raise ValueError(f"unknown jax setting {name!r}; choose from {list(JAX_CORE_SETTINGS)}")
 
 
-def pinned_to(cpus: frozenset[int] | None) -> Callable[[], None] | None:
-  """A `preexec_fn` that restricts the child process to `cpus` (None: no restriction)."""
+@contextlib.contextmanager
+def pinned_to(cpus: frozenset[int] | None) -> Iterator[None]:
+  """Within the block, the calling thread runs on `cpus` (None: unchanged), and so does every process it starts
+  (a child inherits its parent thread's affinity); restored afterwards. No `preexec_fn`: that forks a process
+  that may be running JAX's threads."""
   if cpus is None:
-    return None
-  return lambda: os.sched_setaffinity(0, cpus)
+    yield
+    return
+  before = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, cpus)
+  try:
+    yield
+  finally:
+    os.sched_setaffinity(0, before)
 
 
 def run_worker(module: str, args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 1800,
@@ -52,8 +62,9 @@ def run_worker(module: str, args: Sequence[str], env: dict[str, str] | None = No
   parses its last JSON line."""
   full_env = dict(os.environ)
   full_env.update(env or {})
-  proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=full_env,
-                        timeout=timeout, preexec_fn=pinned_to(cpus))
+  with pinned_to(cpus):
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=full_env,
+                          timeout=timeout)
   if proc.returncode != 0:
     raise RuntimeError(f"worker {module} {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -331,9 +331,9 @@ def _run_worker(args: Sequence[str], env: dict[str, str] | None = None, timeout:
   full_env.update(env or {})
   with tempfile.TemporaryDirectory(prefix="evolver_bench_rollout_worker_") as tmp:
     out = os.path.join(tmp, "result.json")
-    proc = subprocess.run([sys.executable, "-m", "launch.benchmarks.rollout", "--worker", out, *args],
-                          capture_output=True, text=True, env=full_env, timeout=timeout,
-                          preexec_fn=common.pinned_to(cpus))
+    with common.pinned_to(cpus):
+      proc = subprocess.run([sys.executable, "-m", "launch.benchmarks.rollout", "--worker", out, *args],
+                            capture_output=True, text=True, env=full_env, timeout=timeout)
     if proc.returncode != 0 or not os.path.exists(out):
       raise RuntimeError(f"rollout worker {' '.join(args[:1])} (env {env}) exited with {proc.returncode} and "
                          f"{'a' if os.path.exists(out) else 'no'} result:\nstdout: {proc.stdout[-2000:]}\n"
