@@ -114,7 +114,7 @@ def load_policy(args: argparse.Namespace):
       raise SystemExit("--gguf brings its own tokenizer (the file's metadata): leave out --tokenizer")
     from evolver.models import gguf  # pylint: disable=import-outside-toplevel
     path = gguf.smollm2_path() if args.gguf == "smollm2" else args.gguf
-    return gguf.load_gguf(path), gguf.load_gguf_tokenizer(path), {"gguf": os.path.abspath(path)}
+    return gguf.load_gguf(path), gguf.load_gguf_tokenizer(path), {"gguf": args.gguf}  # "smollm2" or the path given
   if args.hf_checkpoint:
     model = load_hf(args.hf_checkpoint)
     tok = tokenizer_lib.load_tokenizer(args.tokenizer or args.hf_checkpoint)
