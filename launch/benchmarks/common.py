@@ -27,11 +27,12 @@ def median_time(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 5) 
   return statistics.median(times), times
 
 
-# JAX's side of a suite, each in its own worker process: name -> the CPUs the process may run on (None: all).
+# JAX's side of a suite, each in its own worker process: name -> how many of this process's CPUs the worker may
+# run on (None: all of them).
 # XLA:CPU sizes its thread pool from the process's CPU affinity; XLA_FLAGS such as
 # `--xla_cpu_multi_thread_eigen=false` leave its dot and fusion threads as they are (measured: the same matmul
 # GFLOP/s with and without them, half under `taskset -c 0`), so one core is set by affinity.
-JAX_CORE_SETTINGS: dict[str, frozenset[int] | None] = {"all cores": None, "1 core": frozenset({0})}
+JAX_CORE_SETTINGS: dict[str, int | None] = {"all cores": None, "1 core": 1}
 
 
 def check_jax_settings(names: Sequence[str]) -> None:
@@ -41,15 +42,15 @@ def check_jax_settings(names: Sequence[str]) -> None:
 
 
 @contextlib.contextmanager
-def pinned_to(cpus: frozenset[int] | None) -> Iterator[None]:
-  """Within the block, the calling thread runs on `cpus` (None: unchanged), and so does every process it starts
-  (a child inherits its parent thread's affinity); restored afterwards. No `preexec_fn`: that forks a process
-  that may be running JAX's threads."""
-  if cpus is None:
+def pinned_to(cores: int | None) -> Iterator[None]:
+  """Within the block, the calling thread runs on the first `cores` of the CPUs it may use (None: unchanged), and
+  so does every process it starts (a child inherits its parent thread's affinity); restored afterwards. No
+  `preexec_fn`: that forks a process that may be running JAX's threads."""
+  if cores is None:
     yield
     return
   before = os.sched_getaffinity(0)
-  os.sched_setaffinity(0, cpus)
+  os.sched_setaffinity(0, sorted(before)[:cores])
   try:
     yield
   finally:
@@ -57,12 +58,12 @@ def pinned_to(cpus: frozenset[int] | None) -> Iterator[None]:
 
 
 def run_worker(module: str, args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 1800,
-               cpus: frozenset[int] | None = None) -> dict:
-  """Runs `python -m module args` in a fresh process (so thread settings apply), on `cpus` (None: all), and
-  parses its last JSON line."""
+               cores: int | None = None) -> dict:
+  """Runs `python -m module args` in a fresh process (so thread settings apply), on `cores` CPUs (None: all),
+  and parses its last JSON line."""
   full_env = dict(os.environ)
   full_env.update(env or {})
-  with pinned_to(cpus):
+  with pinned_to(cores):
     proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=full_env,
                           timeout=timeout)
   if proc.returncode != 0:

@@ -323,7 +323,7 @@ def _totals(episodes: Sequence[dict]) -> tuple[int, int]:
 
 
 def _run_worker(args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 3600,
-                cpus: frozenset[int] | None = None) -> dict:
+                cores: int | None = None) -> dict:
   """`python -m launch.benchmarks.rollout --worker ...` in a fresh process (so thread settings apply). The
   result comes back in a file rather than on stdout: the episodes' texts make it large, and whatever a
   library prints cannot garble it."""
@@ -331,7 +331,7 @@ def _run_worker(args: Sequence[str], env: dict[str, str] | None = None, timeout:
   full_env.update(env or {})
   with tempfile.TemporaryDirectory(prefix="evolver_bench_rollout_worker_") as tmp:
     out = os.path.join(tmp, "result.json")
-    with common.pinned_to(cpus):
+    with common.pinned_to(cores):
       proc = subprocess.run([sys.executable, "-m", "launch.benchmarks.rollout", "--worker", out, *args],
                             capture_output=True, text=True, env=full_env, timeout=timeout)
     if proc.returncode != 0 or not os.path.exists(out):
@@ -350,7 +350,7 @@ def _gather(checkpoint: str, workload: Workload, opts) -> tuple[list[dict], list
       res = measure_ours(checkpoint, workload, opts.repeats)
     else:
       res = _run_worker(["jax", checkpoint, workload.to_json(), str(opts.repeats)], env={"JAX_PLATFORMS": "cpu"},
-                        cpus=common.JAX_CORE_SETTINGS[name])
+                        cores=common.JAX_CORE_SETTINGS[name])
     ours.append(dict(res, setting=name))
   for threads in opts.torch_threads.split(","):
     give_up = GIVE_UP_FACTOR * min(r["seconds"] for r in peer) if peer else None

@@ -91,7 +91,7 @@ def compare(ckpt: str, batches: Sequence[int], *, repeats: int, new_tokens: int 
   # Each setting in its own process (thread settings apply at start-up), measuring every batch size in turn.
   shape = [ckpt, ",".join(map(str, batches)), str(repeats), str(new_tokens)]
   for name in jax_settings:
-    res = common.run_worker(_MODULE, ["--worker", "jax", *shape], cpus=common.JAX_CORE_SETTINGS[name])
+    res = common.run_worker(_MODULE, ["--worker", "jax", *shape], cores=common.JAX_CORE_SETTINGS[name])
     for batch in batches:
       record(batch, "evolver (jax)", name, res[str(batch)])
   for threads in torch_threads:
