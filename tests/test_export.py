@@ -100,3 +100,24 @@ def test_launch_eval_evaluates_the_export(exported, tmp_path):
   assert written["envs"]["maze"]["num_tasks"] == 2 and written["envs"]["maze"]["num_failed"] == 0
   assert written["policy"] == {"hf_checkpoint": str(exported)}
   assert results["overall"]["num_episodes"] == 2
+
+
+def test_a_run_is_exported_and_evaluated_with_the_tokenizer_it_keeps(run_dir, tmp_path):
+  """A run keeps its tokenizer (`MODEL_DIR/tokenizer/`); export and `launch.eval --model_dir` read the run with
+  it, not with the tiny default (a SmolLM2 run read through the tiny vocabulary answered gibberish)."""
+  import argparse
+  import shutil
+  from launch import eval as eval_cli
+  from launch import export
+  run = tmp_path / "run"
+  shutil.copytree(run_dir, run)
+  kept = load_tokenizer()
+  kept.chat_template = "{{- 'You are an agent.\\n' }}" + kept.chat_template
+  ckpt_lib.save_run_tokenizer(run, kept)
+  export.main(["--model_dir", str(run), "--out", str(tmp_path / "policy"), "--dtype", "float32"])
+  assert load_tokenizer(str(tmp_path / "policy")).chat_template == kept.chat_template
+  args = argparse.Namespace(hf_checkpoint=None, gguf=None, model_dir=str(run), step=None, best=False, tokenizer=None)
+  _, tokenizer, policy = eval_cli.load_policy(args)
+  assert tokenizer.chat_template == kept.chat_template and policy["step"] == 7
+  args.tokenizer = load_tokenizer().name_or_path  # --tokenizer still overrides
+  assert eval_cli.load_policy(args)[1].chat_template == load_tokenizer().chat_template

@@ -2,7 +2,9 @@
 model config, loop bookkeeping) and state files (what extensions keep beside the train state: an experience
 workspace, a set of synthetic tasks), saved asynchronously, last N kept, resumed from the latest complete one.
 
-Layout: `MODEL_DIR/checkpoints/<step>/{params,train,extra,state_files}`. `params` is its own item so evaluation
+Layout: `MODEL_DIR/checkpoints/<step>/{params,train,extra,state_files}`, and `MODEL_DIR/tokenizer/`, the policy's
+tokenizer as the run started with it (`save_run_tokenizer`; `load_run_tokenizer` reads it back for evaluation and
+export, so that a run from a real checkpoint is never read through the tiny default's vocabulary). `params` is its own item so evaluation
 and later runs (`INIT_CHECKPOINT`) restore the policy without knowing the optimizer. Orbax writes each step to a
 temporary directory and renames it when complete, so a process killed mid-save leaves the previous checkpoint as
 the latest, and the state files of a checkpoint are always those of its train state (one atomic rename).
@@ -12,7 +14,9 @@ orbax writes through etils.epath and tensorstore.
 """
 
 import dataclasses
+import os
 import re
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +32,8 @@ from evolver.models.decoder import Decoder
 
 CHECKPOINT_SUBDIR = "checkpoints"
 BEST_SUBDIR = "best"  # the policy selected on `val`: params and extra only
+TOKENIZER_SUBDIR = "tokenizer"
+_TOKENIZER_WRITTEN_LAST = "tokenizer_config.json"  # its presence marks a complete `MODEL_DIR/tokenizer/`
 STATE_FILES_ITEM = "state_files"
 ITEMS = ("params", "train", "extra", STATE_FILES_ITEM)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -197,3 +203,58 @@ def restore_model(model_dir: paths.PathLike, step: int | None = None, *,
     checkpointer.close()
   return nnx.merge(graphdef, params), step
 
+
+
+def save_run_tokenizer(model_dir: paths.PathLike, tokenizer: Any) -> None:
+  """Keeps the policy's tokenizer (its files, chat template included, and `generation_config.json` with the ids a
+  turn ends on) in `MODEL_DIR/tokenizer/`, once; on the primary process only. `tokenizer_config.json` is written
+  last, so a run killed mid-write writes them again when it resumes.
+
+  Raises:
+    ValueError: the run already keeps a tokenizer with another vocabulary or chat template (a resumed run given a
+      different tokenizer from the one it trained with).
+  """
+  from evolver.models.hf import save_generation_config  # pylint: disable=import-outside-toplevel
+  target = paths.as_path(model_dir) / TOKENIZER_SUBDIR
+  if (target / _TOKENIZER_WRITTEN_LAST).exists():
+    saved = load_run_tokenizer(model_dir)
+    if saved.get_vocab() != tokenizer.get_vocab() or saved.chat_template != tokenizer.chat_template:
+      raise ValueError(f"{str(model_dir)!r} was trained with the tokenizer in {str(target)!r} ({len(saved)} ids); "
+                       f"the one given now differs ({len(tokenizer)} ids, or another chat template): resume it "
+                       f"with its own (e.g. --gin_bindings=\"TOKENIZER_PATH='{target}'\") or use a new MODEL_DIR")
+    return
+  with tempfile.TemporaryDirectory() as staging:
+    tokenizer.save_pretrained(staging)
+    save_generation_config(staging, tokenizer)
+    names = sorted(os.listdir(staging), key=lambda name: (name == _TOKENIZER_WRITTEN_LAST, name))
+    for name in names:
+      with open(os.path.join(staging, name), "rb") as f:
+        paths.write_bytes(target / name, f.read())
+
+
+def load_run_tokenizer(model_dir: paths.PathLike, vocab_size: int | None = None) -> Any:
+  """The tokenizer a run keeps (`save_run_tokenizer`). A run that keeps none (made before runs kept theirs) is read
+  with the shipped tiny tokenizer, and only when the model's `vocab_size` fits it.
+
+  Raises:
+    ValueError: no tokenizer is kept and `vocab_size` is not the tiny tokenizer's (padded by fewer than 256 ids).
+  """
+  from evolver.models import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  source = paths.as_path(model_dir)
+  if source.name in (CHECKPOINT_SUBDIR, BEST_SUBDIR):
+    source = source.parent
+  source = source / TOKENIZER_SUBDIR
+  if (source / _TOKENIZER_WRITTEN_LAST).exists():
+    if paths.is_local(source):
+      return tokenizer_lib.load_tokenizer(str(source))
+    local = tempfile.mkdtemp(prefix="evolver-tokenizer-")  # kept: the tokenizer reads its directory's files later
+    for file in source.iterdir():
+      with open(os.path.join(local, file.name), "wb") as f:
+        f.write(file.read_bytes())
+    return tokenizer_lib.load_tokenizer(local)
+  tiny = tokenizer_lib.load_tokenizer()
+  if vocab_size is not None and not len(tiny) <= vocab_size < len(tiny) + 256:
+    raise ValueError(f"{str(model_dir)!r} keeps no tokenizer (no {str(source)!r}) and its model's vocabulary of "
+                     f"{vocab_size} ids is not the shipped tiny tokenizer's ({len(tiny)}): give the tokenizer it "
+                     f"was trained with (--tokenizer DIR)")
+  return tiny

@@ -9,7 +9,8 @@
 
 An algorithm gives `run` a function that takes one logged step (BC: one batch; GRPO: one RL step of several
 updates) and returns its metrics row. The loop owns everything around it:
-- the run's gin files (`config.gin` at the start, `operative_config.gin` once the first step has run);
+- the run's gin files (`config.gin` at the start, `operative_config.gin` once the first step has run) and its
+  tokenizer (`MODEL_DIR/tokenizer/`, what evaluation and export read the run with);
 - resume: the latest complete checkpoint's train state, the extras the algorithm saved with it, and the state
   files of every `StateOwner` (an experience workspace, a synthetic task set), restored together; metrics rows
   and best policies past the restored step are dropped (they are recomputed);
@@ -183,6 +184,7 @@ class Loop:
     self._wrote_operative = False
     self._sigterm = False
     write_gin_config(self.model_dir)
+    ckpt_lib.save_run_tokenizer(self.model_dir, tokenizer)
 
   # -- state -------------------------------------------------------------------------------------------------
 

@@ -1,11 +1,13 @@
 """The shared loop: cadences of val, metrics and checkpoints, best-policy selection, state owners kept with each
 checkpoint, resume without repeated rows, and the held-out report of the selected policy (in process, tiny)."""
 
+import copy
 import json
 import os
 
 import pytest
 
+from evolver.data.chat import end_of_turn_ids
 from evolver.models import ModelConfig, make_model
 from evolver.train import checkpoints as ckpt_lib
 from evolver.train import metrics as metrics_lib
@@ -174,3 +176,22 @@ def test_max_context_tokens_sizes_the_engine_and_ends_longer_episodes(tmp_path, 
   # An opening with no room for a first turn is reported as such and left out of the scores (not a failure).
   assert all(e["finish_reason"] == "opening" and e["turns"] == 0 and e["failed"] for e in results["episodes"]), \
       results["episodes"]
+
+
+def test_the_run_keeps_its_tokenizer_and_refuses_to_resume_with_another(tmp_path, tokenizer):
+  make_loop(tmp_path, tokenizer, Counter()).close()
+  kept = ckpt_lib.load_run_tokenizer(tmp_path, CONFIG.vocab_size)
+  assert kept.get_vocab() == tokenizer.get_vocab() and kept.chat_template == tokenizer.chat_template
+  assert end_of_turn_ids(kept) == end_of_turn_ids(tokenizer)
+  assert ckpt_lib.load_run_tokenizer(tmp_path / "checkpoints").get_vocab() == tokenizer.get_vocab()
+  make_loop(tmp_path, tokenizer, Counter()).close()  # the same tokenizer resumes
+  other = copy.deepcopy(tokenizer)
+  other.chat_template = "{{- 'You are an agent.\\n' }}" + tokenizer.chat_template
+  with pytest.raises(ValueError, match="was trained with the tokenizer in .*tokenizer.* differs"):
+    make_loop(tmp_path, other, Counter())
+
+
+def test_a_run_that_keeps_no_tokenizer_is_read_with_the_tiny_one_only_when_its_vocabulary_fits(tmp_path, tokenizer):
+  assert ckpt_lib.load_run_tokenizer(tmp_path, 2432).get_vocab() == tokenizer.get_vocab()
+  with pytest.raises(ValueError, match=r"keeps no tokenizer .* vocabulary of 49152 ids .* \(--tokenizer DIR\)"):
+    ckpt_lib.load_run_tokenizer(tmp_path, 49152)

@@ -26,6 +26,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from evolver import paths
 from evolver.experience.records import TaskMemory
 from evolver.models import ModelConfig, make_model
+from evolver.models.tokenizer import load_tokenizer
 from evolver.train import checkpoints as ckpt_lib
 from evolver.train import evaluation, explorations
 from evolver.train import experience as experience_lib
@@ -148,6 +149,11 @@ def test_configs_results_and_explorations_on_gs(bucket):
   np.testing.assert_array_equal(loaded[0].logprobs, rolled[0].logprobs)
   assert loaded[1].token_ids is None and explorations.load_exploration(run, 2) is None
   assert "/bucket/runs/agentevol/explore/iter_1.npz" in stored_names()
+
+  tokenizer = load_tokenizer()
+  ckpt_lib.save_run_tokenizer(run, tokenizer)
+  assert "/bucket/runs/agentevol/tokenizer/tokenizer_config.json" in stored_names()
+  assert ckpt_lib.load_run_tokenizer(run).get_vocab() == tokenizer.get_vocab()
 
 
 def test_experience_store_is_local_and_its_snapshot_restores_elsewhere(bucket, tmp_path):
