@@ -270,7 +270,7 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
   batching.check_context_loss_weight(context_loss_weight)
   envs = list(envs)
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-  model = trainer_lib.init_policy(seed=seed)
+  model = trainer_lib.init_policy(seed=seed, tokenizer=tokenizer)
   trainer_lib.check_vocabulary(model, tokenizer)
   explore_tasks = slice_tasks(envs, slices.explore_start, slices.explore_count) if num_iterations else []
   if taskset and num_iterations:
@@ -343,7 +343,7 @@ def train_agentevol(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQ
       if p > 0 and curriculum_steps:
         restore_curriculum_end(trainer, base, curriculum_steps, first - 1)
       elif p > 0:
-        reset_to_base(trainer, trainer_lib.init_policy(seed=seed), optimizer, seed, start)
+        reset_to_base(trainer, trainer_lib.init_policy(seed=seed, tokenizer=tokenizer), optimizer, seed, start)
       start_norm = float(optax.tree.norm(trainer.state.params))
     print(f"[agentevol] {phase_name(p)}: {data.num_examples} examples ({counts['explored_examples']} explored, "
           f"{data.num_dropped} too long), steps {first}-{start + train_steps}"

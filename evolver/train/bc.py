@@ -48,7 +48,7 @@ def train_bc(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
   batching.check_curriculum_loss(curriculum_loss)
   batching.check_context_loss_weight(context_loss_weight)
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-  model = trainer_lib.init_policy(seed=seed)
+  model = trainer_lib.init_policy(seed=seed, tokenizer=tokenizer)
   trainer_lib.check_vocabulary(model, tokenizer)
   data = batching.expert_batch_iterator(list(envs), slices.expert_start, slices.expert_count, batch_size,
                                         tokenizer=tokenizer, data_dir=data_dir, buckets=tuple(buckets), seed=seed)

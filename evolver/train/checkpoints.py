@@ -216,12 +216,8 @@ def save_run_tokenizer(model_dir: paths.PathLike, tokenizer: Any) -> None:
   """
   from evolver.models.hf import save_generation_config  # pylint: disable=import-outside-toplevel
   target = paths.as_path(model_dir) / TOKENIZER_SUBDIR
-  if (target / _TOKENIZER_WRITTEN_LAST).exists():
-    saved = load_run_tokenizer(model_dir)
-    if saved.get_vocab() != tokenizer.get_vocab() or saved.chat_template != tokenizer.chat_template:
-      raise ValueError(f"{str(model_dir)!r} was trained with the tokenizer in {str(target)!r} ({len(saved)} ids); "
-                       f"the one given now differs ({len(tokenizer)} ids, or another chat template): resume it "
-                       f"with its own (e.g. --gin_bindings=\"TOKENIZER_PATH='{target}'\") or use a new MODEL_DIR")
+  if keeps_tokenizer(model_dir):
+    check_same_tokenizer(model_dir, tokenizer)
     return
   with tempfile.TemporaryDirectory() as staging:
     tokenizer.save_pretrained(staging)
@@ -232,6 +228,34 @@ def save_run_tokenizer(model_dir: paths.PathLike, tokenizer: Any) -> None:
         paths.write_bytes(target / name, f.read())
 
 
+def _run_dir(model_dir: paths.PathLike) -> epath.Path:
+  """MODEL_DIR from MODEL_DIR itself or its checkpoints/ or best/ directory."""
+  path = paths.as_path(model_dir)
+  return path.parent if path.name in (CHECKPOINT_SUBDIR, BEST_SUBDIR) else path
+
+
+def keeps_tokenizer(model_dir: paths.PathLike) -> bool:
+  """Whether the run keeps a complete tokenizer (`save_run_tokenizer`)."""
+  return (_run_dir(model_dir) / TOKENIZER_SUBDIR / _TOKENIZER_WRITTEN_LAST).exists()
+
+
+def check_same_tokenizer(model_dir: paths.PathLike, tokenizer: Any) -> None:
+  """Refuses `tokenizer` for the run in `model_dir` (resumed, or started from) when the run keeps another one
+  (vocabulary or chat template); a run that keeps none is not checked.
+
+  Raises:
+    ValueError: naming both and how to give the run's own.
+  """
+  if not keeps_tokenizer(model_dir):
+    return
+  saved = load_run_tokenizer(model_dir)
+  if saved.get_vocab() != tokenizer.get_vocab() or saved.chat_template != tokenizer.chat_template:
+    kept = _run_dir(model_dir) / TOKENIZER_SUBDIR
+    raise ValueError(f"{str(model_dir)!r} was trained with the tokenizer in {str(kept)!r} ({len(saved)} ids); "
+                     f"the one given now differs ({len(tokenizer)} ids, or another chat template): give the run's "
+                     f"own (e.g. --gin_bindings=\"TOKENIZER_PATH='{kept}'\") or, to resume, a new MODEL_DIR")
+
+
 def load_run_tokenizer(model_dir: paths.PathLike, vocab_size: int | None = None) -> Any:
   """The tokenizer a run keeps (`save_run_tokenizer`). A run that keeps none (made before runs kept theirs) is read
   with the shipped tiny tokenizer, and only when the model's `vocab_size` fits it.
@@ -240,11 +264,8 @@ def load_run_tokenizer(model_dir: paths.PathLike, vocab_size: int | None = None)
     ValueError: no tokenizer is kept and `vocab_size` is not the tiny tokenizer's (padded by fewer than 256 ids).
   """
   from evolver.models import tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
-  source = paths.as_path(model_dir)
-  if source.name in (CHECKPOINT_SUBDIR, BEST_SUBDIR):
-    source = source.parent
-  source = source / TOKENIZER_SUBDIR
-  if (source / _TOKENIZER_WRITTEN_LAST).exists():
+  source = _run_dir(model_dir) / TOKENIZER_SUBDIR
+  if keeps_tokenizer(model_dir):
     if paths.is_local(source):
       return tokenizer_lib.load_tokenizer(str(source))
     local = tempfile.mkdtemp(prefix="evolver-tokenizer-")  # kept: the tokenizer reads its directory's files later

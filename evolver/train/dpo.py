@@ -223,7 +223,7 @@ def train_dpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED,
   envs = list(envs)
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
   pad_id = batching.pad_id_of(tokenizer)
-  model = trainer_lib.init_policy(init_checkpoint=init_checkpoint)
+  model = trainer_lib.init_policy(init_checkpoint=init_checkpoint, tokenizer=tokenizer)
   trainer_lib.check_vocabulary(model, tokenizer)
 
   # Explore with the BC policy and pair; the reference log-probs are the BC model's, before any update.

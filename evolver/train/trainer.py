@@ -53,12 +53,15 @@ class TrainerConfig:
 
 @gin.configurable
 def init_policy(config: ModelConfig | None = None, *, seed: int = 0, init_checkpoint: str | None = None,
-                hf_checkpoint: str | None = None) -> Decoder:
+                hf_checkpoint: str | None = None, tokenizer: Any = None) -> Decoder:
   """The starting policy: an evolver run's checkpoint (`INIT_CHECKPOINT`: a MODEL_DIR, its best or a step
   directory), a transformers directory (`HF_CHECKPOINT`, computing as `config` says), or fresh weights of
-  `config` (the tiny default from gin)."""
+  `config` (the tiny default from gin). With `tokenizer` (the new run's), a run that keeps another tokenizer
+  (`MODEL_DIR/tokenizer/`) is refused: its policy would read the new run's token ids as other words."""
   if init_checkpoint and hf_checkpoint:
     raise ValueError("give init_checkpoint or hf_checkpoint, not both")
+  if init_checkpoint and tokenizer is not None:
+    ckpt_lib.check_same_tokenizer(init_checkpoint, tokenizer)
   if init_checkpoint:
     best = ckpt_lib.checkpoint_dir(init_checkpoint, ckpt_lib.BEST_SUBDIR).is_dir()
     model, _ = ckpt_lib.restore_model(init_checkpoint, best=best)

@@ -195,3 +195,16 @@ def test_a_run_that_keeps_no_tokenizer_is_read_with_the_tiny_one_only_when_its_v
   assert ckpt_lib.load_run_tokenizer(tmp_path, 2432).get_vocab() == tokenizer.get_vocab()
   with pytest.raises(ValueError, match=r"keeps no tokenizer .* vocabulary of 49152 ids .* \(--tokenizer DIR\)"):
     ckpt_lib.load_run_tokenizer(tmp_path, 49152)
+
+
+def test_a_run_starts_only_from_a_run_that_kept_the_same_tokenizer(tmp_path, tokenizer):
+  from evolver.train.trainer import init_policy
+  start = tmp_path / "start"
+  loop = make_loop(start, tokenizer, Counter())
+  loop.trainer.save({}, force=True)
+  loop.close()
+  assert init_policy(init_checkpoint=str(start), tokenizer=tokenizer).config.vocab_size == CONFIG.vocab_size
+  other = copy.deepcopy(tokenizer)
+  other.chat_template = "{{- 'You are an agent.\\n' }}" + tokenizer.chat_template
+  with pytest.raises(ValueError, match="was trained with the tokenizer in"):
+    init_policy(init_checkpoint=str(start), tokenizer=other)
