@@ -417,6 +417,8 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
   extensions = list(extensions)
   task_source = task_source if task_source is not None else curriculum_lib.UniformTasks()
   task_source.bind(envs, start=slices.explore_start, count=slices.explore_count, seed=seed)
+  if hf_checkpoint:  # a missing start is named before its tokenizer (often the same directory) is read
+    hf_checkpoint = trainer_lib.resolve_hf_checkpoint(hf_checkpoint)
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
   model = trainer_lib.init_policy(init_checkpoint=init_checkpoint, hf_checkpoint=hf_checkpoint, tokenizer=tokenizer)
   trainer_lib.check_vocabulary(model, tokenizer)

@@ -67,16 +67,23 @@ def init_policy(config: ModelConfig | None = None, *, seed: int = 0, init_checkp
     model, _ = ckpt_lib.restore_model(init_checkpoint, best=best)
     return model
   if hf_checkpoint:
-    if not os.path.isabs(hf_checkpoint) and not os.path.isdir(hf_checkpoint):
-      shipped = os.path.join(REPO_ROOT, hf_checkpoint)  # a checkpoint that ships with the repository
-      hf_checkpoint = shipped if os.path.isdir(shipped) else hf_checkpoint
-    if not os.path.isdir(hf_checkpoint):
-      raise FileNotFoundError(f"HF checkpoint {hf_checkpoint!r} is not a directory: give a local transformers "
-                              "checkpoint (config.json, *.safetensors, the tokenizer's files)")
+    hf_checkpoint = resolve_hf_checkpoint(hf_checkpoint)
     cfg = config or ModelConfig()  # the checkpoint gives the shapes; gin gives how it computes
     return load_hf(hf_checkpoint, param_dtype=cfg.param_dtype, dtype=cfg.dtype, remat=cfg.remat,
                    causal_block=cfg.causal_block)
   return make_model(config or ModelConfig(), seed=seed)
+
+
+def resolve_hf_checkpoint(hf_checkpoint: str) -> str:
+  """The transformers directory `hf_checkpoint` names: as given, or relative to the repository (a checkpoint that
+  ships with it). Raises FileNotFoundError, naming the path, when it is neither."""
+  if not os.path.isabs(hf_checkpoint) and not os.path.isdir(hf_checkpoint):
+    shipped = os.path.join(REPO_ROOT, hf_checkpoint)
+    hf_checkpoint = shipped if os.path.isdir(shipped) else hf_checkpoint
+  if not os.path.isdir(hf_checkpoint):
+    raise FileNotFoundError(f"HF checkpoint {hf_checkpoint!r} is not a directory: give a local transformers "
+                            "checkpoint (config.json, *.safetensors, the tokenizer's files)")
+  return hf_checkpoint
 
 
 def check_vocabulary(model: Decoder, tokenizer: Any) -> None:
