@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -151,12 +150,10 @@ def test_extension_state_is_kept_with_each_checkpoint_across_a_kill(bc_checkpoin
   bc_dir = bc_checkpoint  # some tiny BC checkpoint to start from: the session's (tests/train/conftest.py)
   reference_dir, reference_out = tmp_path / "reference", tmp_path / "reference.json"
   killed_dir, killed_out = tmp_path / "killed", tmp_path / "killed.json"
-  # The reference run and the run that is killed are independent processes: they run side by side.
-  with ThreadPoolExecutor(2) as pool:
-    reference_run = pool.submit(grpo, reference_dir, bc_dir, reference_out, 3)
-    killed_run = pool.submit(grpo, killed_dir, bc_dir, killed_out, 3, env={KILL_DURING_SAVE_ENV: "4"}, check=False)
-    reference_run.result()
-    proc = killed_run.result()
+  # The reference first: it compiles the run's programs into the persistent compilation cache (tests/conftest.py)
+  # and the killed run loads them.
+  grpo(reference_dir, bc_dir, reference_out, 3)
+  proc = grpo(killed_dir, bc_dir, killed_out, 3, env={KILL_DURING_SAVE_ENV: "4"}, check=False)
   reference = json.loads(reference_out.read_text())
   assert reference["steps"] == [0, 1, 2] and reference["advantage_calls"] == 3
   assert reference["with_hint"] == [2, 2, 2]  # sample 0 of each of the 2 tasks

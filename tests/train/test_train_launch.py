@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -46,15 +45,13 @@ def losses(model_dir):
 
 @pytest.fixture(scope="module")
 def bc_runs(tmp_path_factory):
-  """The 12-step run, uninterrupted; and, side by side with it (an independent process), the same run killed
-  while saving step 8 (for test_sigkill_mid_save_resumes_from_last_complete_checkpoint): (run, killed, its proc)."""
+  """The 12-step run, uninterrupted; and, after it, the same run killed while saving step 8 (for
+  test_sigkill_mid_save_resumes_from_last_complete_checkpoint): (run, killed, its proc). One after the other: the
+  first compiles the run's programs into the persistent compilation cache (tests/conftest.py), the second loads them."""
   root = tmp_path_factory.mktemp("bc")
   model_dir, killed_dir = root / "run", root / "killed"
-  with ThreadPoolExecutor(2) as pool:
-    killed = pool.submit(train, killed_dir, 12, env={KILL_DURING_SAVE_ENV: "8"}, check=False)
-    uninterrupted_run = pool.submit(train, model_dir, 12)
-    uninterrupted_run.result()
-    killed_proc = killed.result()
+  train(model_dir, 12)
+  killed_proc = train(killed_dir, 12, env={KILL_DURING_SAVE_ENV: "8"}, check=False)
   return model_dir, killed_dir, killed_proc
 
 
