@@ -204,3 +204,14 @@ def test_the_install_audit_renders_the_shipped_chat_templates_and_knows_the_entr
   names = check_install.entry_points()
   assert names["launch.train"] is True and names["launch.eval"] is False  # absl's --help exits 1: told apart
   assert "launch.check_install" in names and "launch.quickstart" not in names
+
+
+def test_every_shipped_shell_script_parses():
+  """`bash -n` on every script users run (launch/, gin_configs/: sweeps and experiment drivers), so a syntax slip
+  in a script that takes hours to reach its last line is caught here."""
+  scripts = sorted(os.path.join(d, f) for top in ("launch", "gin_configs")
+                   for d, _, files in os.walk(os.path.join(ROOT, top)) for f in files if f.endswith(".sh"))
+  assert len(scripts) >= 10 and any(s.endswith("experience_eval.sh") for s in scripts)
+  for script in scripts:
+    proc = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+    assert proc.returncode == 0, f"{script}: {proc.stderr}"
