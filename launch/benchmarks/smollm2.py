@@ -8,9 +8,10 @@ transformers directory (`evolver.models.gguf.smollm2_checkpoint`, in the cache),
 - train step (the train suite's `compare`): evolver's jitted step against a PyTorch eager step, batch 4 x 512
   tokens (SmolLM2's BC and GRPO minibatch of 4 rows at their first length bucket, gin_configs/smollm2/), token-mean
   cross-entropy + AdamW, float32, all cores;
-- GRPO step (the rl_step suite's `measure_steps`): one step of gin_configs/smollm2/grpo.gin as it ships (4 tasks x 4
-  episodes of maze and babyai, at most 10 turns, rows up to 1,024 tokens) from SmolLM2 itself, by launch.train's
-  code path in a fresh process without val; its peak resident memory (that process's ru_maxrss, GB).
+- GRPO step (the rl_step suite's `measure_steps`): one step of gin_configs/smollm2/grpo.gin (4 tasks x 4 episodes,
+  on maze and babyai: the envs of the recorded figures; at most 10 turns, rows up to 1,024 tokens) from SmolLM2
+  itself, by launch.train's code path in a fresh process without val; its peak resident memory (that process's
+  ru_maxrss, GB).
 
 `speedup` is the sampler's at batch 32 (else the largest batch run). `goals` holds each goal (sampler >= 2x at batch
 1 and >= 2.5x at batch 32, train step >= 1.5x, the GRPO step's peak <= 12 GB) with its value and whether it is met
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 from launch.benchmarks import common, rl_step, sampler, train
 
 RL_RECIPE = ("gin_configs/smollm2/grpo.gin",)
-RL_ENVS = "maze,babyai"  # grpo.gin's
+RL_ENVS = "maze,babyai"  # the recorded figures' (results/benchmarks/smollm2.json); grpo.gin trains maze and sql
 # result field: (comparison, target)
 GOALS = {"speedup_b1": (">=", 2.0), "speedup_b32": (">=", 2.5), "train_speedup": (">=", 1.5),
          "peak_rss_gb": ("<=", 12.0)}

@@ -114,7 +114,7 @@ def test_every_run_config_parses_as_it_ships(tmp_path):
             "  gin_config.parse([path], [\"MODEL_DIR = 'x'\"])\n"
             "  print(path, gin.query_parameter('run.loop').selector)\n")
   runs = sorted(os.path.join("gin_configs", folder, f) for folder in ("runs", "benchmarks", "rl_signal", "smollm2")
-                for f in os.listdir(os.path.join(ROOT, "gin_configs", folder)))
+                for f in os.listdir(os.path.join(ROOT, "gin_configs", folder)) if f.endswith(".gin"))
   proc = subprocess.run([sys.executable, "-c", script, *runs], cwd=ROOT, capture_output=True, text=True,
                         env={**os.environ, "EVOLVER_CACHE_DIR": str(tmp_path)})
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -129,8 +129,8 @@ def test_every_run_config_parses_as_it_ships(tmp_path):
                    for name in ("probe", "grpo_before", "grpo")})
   expected[os.path.join("gin_configs", "rl_signal", "agentevol.gin")] = "train_agentevol"
   expected.update({os.path.join("gin_configs", "smollm2", f"{name}.gin"): loop
-                   for name, loop in (("warmup", "train_bc"), ("grpo", "train_grpo"), ("agentevolver", "train_grpo"),
-                                           ("selfq", "generate_tasks"))})
+                   for name, loop in (("warmup", "train_bc"), ("grpo", "train_grpo"), ("experience", "train_grpo"),
+                                      ("agentevolver", "train_grpo"), ("selfq", "generate_tasks"))})
   assert loops == expected
 
 
