@@ -35,3 +35,23 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
   # Sorted by count, then name: every xdist worker must collect the same order (set order varies by process).
   order = {path: rank for rank, path in enumerate(sorted(slow_files, key=lambda p: (-slow_count[p], str(p))))}
   items.sort(key=lambda item: order.get(item.path, len(order)))  # stable: the rest keep their order
+
+
+# Seconds per test file (set-up, call and tear-down of its tests, module fixtures included), summed from the
+# reports the controller receives (xdist workers' too): `--durations` names tests, this names the files, the unit a
+# worker takes (`--dist loadfile`). Printed at the end with -v or --durations.
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+  path = report.nodeid.split("::", 1)[0]
+  _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # pylint: disable=unused-argument
+  if not _FILE_SECONDS or not (config.getoption("durations") or config.getoption("verbose") > 0):
+    return
+  total = sum(_FILE_SECONDS.values())
+  terminalreporter.write_sep("=", f"slowest test files ({total:.0f} s of tests in all)")
+  for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:20]:
+    terminalreporter.write_line(f"{seconds:8.1f}s  {path}")
