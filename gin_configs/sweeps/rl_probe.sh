@@ -8,10 +8,16 @@
 # With DAPO's dynamic sampling (up to 2 refill rounds a step; ~2.5x the episodes, ~100 min two side by side):
 #   bash gin_configs/sweeps/rl_probe.sh --root runs/rl_signal/probe_ds \
 #     --gin_bindings="train_grpo.dynamic_sampling_rounds = 2"
-# The table of either (records copied to results/rl_signal/, the start's val in its start/):
+# AXIS replaces the learning-rate axis: the other probes of results/rl_signal/probe (each its own root):
+#   AXIS="make_optimizer.learning_rate=[2e-4]" bash gin_configs/sweeps/rl_probe.sh --root runs/rl_signal/probe_lr
+#   AXIS="train_grpo.ppo_epochs=[2]" bash gin_configs/sweeps/rl_probe.sh --root runs/rl_signal/probe_ppo_epochs
+#   AXIS="het_ppo_loss_fn.agg_mode=['token-mean','seq-mean-token-sum-norm']" \
+#     bash gin_configs/sweeps/rl_probe.sh --root runs/rl_signal/probe_agg        # the aggregation modes
+#   AXIS="het_ppo_loss_fn.negative_weight=[0.5]" bash gin_configs/sweeps/rl_probe.sh --root runs/rl_signal/probe_neg
+# The table of all (records copied to results/rl_signal/probe/POINT/seed=0, the start's val in its start/):
 #   python -m launch.probe_report results/rl_signal/probe
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+AXIS="${AXIS:-make_optimizer.learning_rate=[1e-4,3e-4]}"
 exec "${PYTHON:-python}" -m launch.sweep --gin_file=gin_configs/rl_signal/probe.gin --root runs/rl_signal/probe \
-  --seeds 0 --eval_tasks -1 --gin_bindings="LoopConfig.val_start = False" \
-  --sweep "make_optimizer.learning_rate=[1e-4,3e-4]" "$@"
+  --seeds 0 --eval_tasks -1 --gin_bindings="LoopConfig.val_start = False" --sweep "$AXIS" "$@"
