@@ -72,8 +72,12 @@ COMMAND_FILE = "command.sh"
 LOG_FILE = "train.log"
 # What --archive keeps of a finished job: its held-out evaluations, learning curves, config, bindings and status,
 # and every val's per-task outcomes (the loop's val/step_N.json).
-RECORD_FILES = ("eval_results.json", "eval_samples.json", "metrics.jsonl", "operative_config.gin", JOB_FILE,
-                STATUS_FILE, COMMAND_FILE)
+# The last policy's held-out evaluations (greedy, sampled), where a run keeps them (LoopConfig.eval_last), and the
+# policies `--report --policy` reads: the one selected on val, or the last.
+LAST_EVAL_FILES = ("eval_results_last.json", "eval_samples_last.json")
+REPORT_POLICIES = ("selected", "last")
+RECORD_FILES = ("eval_results.json", "eval_samples.json", *LAST_EVAL_FILES, "metrics.jsonl", "operative_config.gin",
+                JOB_FILE, STATUS_FILE, COMMAND_FILE)
 RECORD_DIRS = ("val",)
 DEFAULT_JOB_MEMORY_GB = 3.0
 LOG_TAIL_LINES = 20
@@ -665,11 +669,12 @@ def emit_tpu(jobs: Sequence[Job], root: str) -> str:
 # -- the command line -----------------------------------------------------------------------------------------------
 
 
-def report(root: str, baseline: str | None = None, baseline_eval: str | None = None) -> dict[str, Any]:
+def report(root: str, baseline: str | None = None, baseline_eval: str | None = None,
+           policy: str = "selected") -> dict[str, Any]:
   """`sweep_report.report`; its refusals (a baseline that is not a point, or not paired) exit with their message."""
   from launch import sweep_report
   try:
-    return sweep_report.report(root, baseline=baseline, baseline_eval=baseline_eval)
+    return sweep_report.report(root, baseline=baseline, baseline_eval=baseline_eval, policy=policy)
   except (ValueError, FileNotFoundError) as error:
     raise SystemExit(f"launch.sweep --report: {error}") from None
 
@@ -698,6 +703,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument("--emit", choices=("slurm", "tpu"), help="write a scheduler's script under ROOT, run nothing")
   parser.add_argument("--venv", default=".venv", help="with --emit slurm: the venv the tasks activate")
   parser.add_argument("--report", action="store_true", help="aggregate ROOT's jobs (alone: only that)")
+  parser.add_argument("--policy", choices=REPORT_POLICIES, default="selected",
+                      help="with --report alone: each job's val-selected policy (results.md) or its last one "
+                           "(LoopConfig.eval_last; results_last.md)")
   baselines = parser.add_mutually_exclusive_group()
   baselines.add_argument("--baseline", default=None, help="with --report: the point the others are compared to")
   baselines.add_argument("--baseline_eval", default=None, metavar="DIR",
@@ -719,7 +727,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise SystemExit("launch.sweep: --root is required")
   defining = bool(args.sweep or args.zip or args.gin_file or args.gin_bindings)
   if args.report and not defining:
-    report(args.root, args.baseline, args.baseline_eval)
+    report(args.root, args.baseline, args.baseline_eval, args.policy)
     return 0
   if not args.gin_file and not any(spec.partition("=")[0].strip() == GIN_FILE for spec in args.sweep + args.zip):
     raise SystemExit("launch.sweep: a sweep needs a --gin_file or a gin_file axis (the runs it varies)")

@@ -13,6 +13,8 @@ local directory, a `gs://` URI, or an archived copy under results/ that holds re
                                 train loop's `policy_step` and `selected_on`): greedy when num_samples == 1 and
                                 temperature == 0, else sampled avg@k (k = num_samples)
     eval_samples.json           the same format: the sampled avg@k evaluation beside the greedy one
+    eval_results_last.json,     the run's last policy held out alike (LoopConfig.eval_last), read instead of the
+    eval_samples_last.json      two above by `--report --policy last` (results_last.csv, results_last.md)
     metrics.jsonl               one JSON object per line: `step` and metrics (`rollout/success`,
                                 `memory/peak_rss_gb`, ...); a step written again (after a resume) takes the later
                                 values
@@ -56,10 +58,14 @@ import numpy as np
 
 from evolver import paths
 from launch.sweep import DEFINITION_FILE as SWEEP_FILE
+from launch.sweep import LAST_EVAL_FILES, REPORT_POLICIES
 from launch.sweep import STATUS_FILE
 
 EVAL_FILE = "eval_results.json"
 SAMPLES_FILE = "eval_samples.json"
+# Which policy of each job the report reads (`report(policy=...)`): its (greedy, sampled) files and what it writes.
+POLICY_FILES = {"selected": (EVAL_FILE, SAMPLES_FILE), "last": LAST_EVAL_FILES}  # the last: LoopConfig.eval_last
+REPORT_FILES = {"selected": ("results.csv", "results.md"), "last": ("results_last.csv", "results_last.md")}
 METRICS_FILE = "metrics.jsonl"
 STATES = ("done", "failed", "interrupted", "incomplete", "missing")
 NO_RESULT_STATES = ("failed", "interrupted")   # a recorded evaluation of these is stale: not counted
@@ -178,12 +184,13 @@ def job_state(status: Mapping[str, Any] | None, has_metrics: bool, has_eval: boo
   return "done" if has_eval else "incomplete" if has_metrics else "missing"
 
 
-def read_job(root: paths.PathLike, job: Mapping[str, Any]) -> JobRecord:
-  """One job's record from ROOT/<job name>. Of its evaluations, the greedy one is the greedy figures' source and the
-  sampled one (eval_samples.json, else a sampled eval_results.json) the avg@k source."""
+def read_job(root: paths.PathLike, job: Mapping[str, Any], policy: str = "selected") -> JobRecord:
+  """One job's record from ROOT/<job name>. Of its evaluations (of `policy`: POLICY_FILES), the greedy one is the
+  greedy figures' source and the sampled one (eval_samples.json, else a sampled eval_results.json) the avg@k
+  source."""
   job_dir = paths.as_path(root) / job["name"]
   status = _read_json(job_dir / STATUS_FILE)
-  evals = [e for e in (_read_json(job_dir / EVAL_FILE), _read_json(job_dir / SAMPLES_FILE)) if e is not None]
+  evals = [e for e in (_read_json(job_dir / name) for name in POLICY_FILES[policy]) if e is not None]
   greedy, sampled = split_kinds(evals)
   metrics = read_metrics(job_dir / METRICS_FILE)
   state = job_state(status, bool(metrics), bool(evals))
@@ -192,9 +199,9 @@ def read_job(root: paths.PathLike, job: Mapping[str, Any]) -> JobRecord:
                    greedy=greedy, sampled=sampled, metrics=metrics)
 
 
-def read_jobs(root: paths.PathLike, spec: Mapping[str, Any]) -> list[JobRecord]:
+def read_jobs(root: paths.PathLike, spec: Mapping[str, Any], policy: str = "selected") -> list[JobRecord]:
   """Every job of the sweep, in sweep.json's order."""
-  return [read_job(root, job) for job in spec["jobs"]]
+  return [read_job(root, job, policy) for job in spec["jobs"]]
 
 
 def baseline_eval_label(path: str) -> str:
@@ -692,8 +699,10 @@ def _diff_cell(diff: Mapping[str, Any] | None, is_baseline: bool) -> str:
 
 
 def markdown(root: str, spec: Mapping[str, Any], records: Sequence[JobRecord], points: Sequence[Mapping[str, Any]],
-             envs: Sequence[str], baseline: str | None, note: str, protocol: Sequence[str] = ()) -> str:
-  """results.md: a headline (seeds, eval tasks per env, job counts) and the per-point table (`summarize_points`).
+             envs: Sequence[str], baseline: str | None, note: str, protocol: Sequence[str] = (),
+             policy: str = "selected") -> str:
+  """results.md: a headline (seeds, eval tasks per env, job counts) and the per-point table (`summarize_points`);
+  `policy` (POLICY_FILES) names which of each job's policies the figures are of.
 
   `records` are the sweep's jobs; a fixed baseline evaluation is the entry of `points` with "fixed" (its name is
   `baseline`, its path as given), and `protocol` the limits in which the jobs' evaluations differ from it
@@ -705,6 +714,10 @@ def markdown(root: str, spec: Mapping[str, Any], records: Sequence[JobRecord], p
            for env in envs}
   counts = {s: sum(r.state == s for r in records) for s in STATES}
   lines = [f"# Sweep {str(root).rstrip('/').rsplit('/', 1)[-1]}", ""]  # (no machine path in committed records)
+  if policy == "last":
+    lines[0] += ": the last policy of each job"
+    lines.append("- policy: each job's last step, held out beside the policy selected on val (LoopConfig.eval_last); "
+                 "reported, never selected on")
   if spec.get("root"):
     lines.append(f"- run in: {spec['root']}")
   lines.append(f"- seeds: {', '.join(str(s) for s in seeds)}")
@@ -867,8 +880,12 @@ def plot_curve(records: Sequence[JobRecord], metric: str) -> bytes | None:
 # ----------------------------------------------------------------------------------------------------------- report
 
 
-def report(root: paths.PathLike, baseline: str | None = None, baseline_eval: str | None = None) -> dict[str, Any]:
-  """Reads the sweep under `root` and writes results.csv, results.md and plots/*.png there (module docstring).
+def report(root: paths.PathLike, baseline: str | None = None, baseline_eval: str | None = None,
+           policy: str = "selected") -> dict[str, Any]:
+  """Reads the sweep under `root` and writes results.csv, results.md and plots/*.png there (module docstring); with
+  `policy="last"`, of each job's last policy instead (`LoopConfig.eval_last`'s eval_results_last.json and
+  eval_samples_last.json: what the updates ended at, where val kept an earlier policy), into results_last.csv and
+  results_last.md (no plots; a job that kept no such evaluation shows none).
 
   Args:
     root: the sweep's directory (local or a URI).
@@ -891,9 +908,11 @@ def report(root: paths.PathLike, baseline: str | None = None, baseline_eval: str
   """
   if baseline is not None and baseline_eval is not None:
     raise ValueError(BOTH_BASELINES)
+  if policy not in REPORT_POLICIES:
+    raise ValueError(f"policy must be one of {REPORT_POLICIES}, got {policy!r}")
   root_path = paths.as_path(root)
   spec = load_sweep(root_path)
-  records = read_jobs(root_path, spec)
+  records = read_jobs(root_path, spec, policy)
   reference = read_baseline_eval(baseline_eval) if baseline_eval is not None else None
   if reference is not None:
     check_baseline_eval(records, reference)
@@ -906,10 +925,12 @@ def report(root: paths.PathLike, baseline: str | None = None, baseline_eval: str
   compared_to = reference.point if reference is not None else baseline
   best, note = choose_best(points, compared_to)
   protocol = baseline_eval_protocol(records, reference) if reference is not None else []
-  text = markdown(str(root), spec, records, points, envs, compared_to, note, protocol=protocol)
-
-  files = [paths.write_text(root_path / "results.csv", csv_text(rows, columns)),
-           paths.write_text(root_path / "results.md", text)]
+  text = markdown(str(root), spec, records, points, envs, compared_to, note, protocol=protocol, policy=policy)
+  csv_file, md_file = REPORT_FILES[policy]
+  files = [paths.write_text(root_path / csv_file, csv_text(rows, columns)), paths.write_text(root_path / md_file, text)]
+  if policy == "last":
+    return {"columns": columns, "rows": rows, "envs": envs, "swept": names, "points": points, "best": best,
+            "note": note, "markdown": text, "files": [str(f) for f in files]}
   plots = root_path / "plots"
   fixed = next((p for p in points if p["fixed"]), None)
   for key in ("overall", *envs):

@@ -62,6 +62,9 @@ from evolver.train.trainer import Trainer
 
 EVAL_RESULTS_FILE = "eval_results.json"
 EVAL_SAMPLES_FILE = "eval_samples.json"  # the sampled held-out evaluation (LoopConfig.eval_samples)
+# The last policy's held-out evaluations (LoopConfig.eval_last), beside the selected policy's.
+EVAL_RESULTS_LAST_FILE = "eval_results_last.json"
+EVAL_SAMPLES_LAST_FILE = "eval_samples_last.json"
 VAL_SUBDIR = "val"  # MODEL_DIR/val/step_N.json: each val evaluation's episodes (per-task outcomes)
 
 
@@ -87,6 +90,10 @@ class LoopConfig:
     eval_samples: with eval_tasks, also a sampled held-out evaluation of the selected policy: eval_samples
       episodes per task at temperature 1 (seed 0), avg@k beside the greedy figure, written to
       `MODEL_DIR/eval_samples.json` (0: greedy only).
+    eval_last: with eval_tasks, also the run's last policy held out alike (greedy, and sampled with eval_samples)
+      into `MODEL_DIR/eval_results_last.json` (`eval_samples_last.json`), reported and never selected on: where
+      val kept an earlier policy (the start, say), the selected policy's figures say nothing of what the updates
+      did, and these do. When val selected the last policy they are the selected one's, not evaluated twice.
   """
 
   eval_every: int = 0
@@ -100,6 +107,7 @@ class LoopConfig:
   val_seed: int = 0
   val_start: bool = False
   eval_samples: int = 0
+  eval_last: bool = False
 
   def __post_init__(self):
     if self.eval_every < 0 or self.eval_tasks < 0:
@@ -415,15 +423,50 @@ class Loop:
           evaluation.write_eval_results(self.model_dir / EVAL_SAMPLES_FILE, samples)
           row.update(evaluation.flatten_metrics(samples, "eval_sampled"))
         evaluation.write_eval_results(self.model_dir / EVAL_RESULTS_FILE, results)
+        last = (self.evaluate_last(policy_step, results, samples if self.config.eval_samples else None, reuse)
+                if self.config.eval_last else [])
+        for kind, last_results in zip(("eval_last", "eval_last_sampled"), last):
+          row.update(evaluation.flatten_metrics(last_results, kind))
         self.writer.write(self.step, row)
         print(f"\nheld-out {results['split']} split: the policy of step {results['policy_step']} (selected on "
               f"{results['selected_on']})")
         evaluation.print_table(results)
         if self.config.eval_samples:
           evaluation.print_table(samples)
+        if last:
+          print(f"\nheld-out {results['split']} split: the last policy, of step {last[0]['policy_step']} "
+                "(reported, not selected)")
+          for last_results in last:
+            evaluation.print_table(last_results)
     finally:
       self.close()
     return results
+
+  def evaluate_last(self, selected_step: int, selected: Mapping[str, Any],
+                    selected_samples: Mapping[str, Any] | None,
+                    reuse: Mapping[int, dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """`LoopConfig.eval_last`: the last policy (the trainer's parameters now) held out as the selected one was
+    (`selected_step`, in update steps; `selected_samples` None where there is no sampled evaluation), written to
+    EVAL_RESULTS_LAST_FILE (and EVAL_SAMPLES_LAST_FILE). Returns [greedy] or [greedy, sampled]. Where the selected
+    policy is the last one its results are copied, not recomputed."""
+    last_step = self.trainer.step
+    params = self.trainer.state.params
+    if selected_step == last_step:
+      greedy = dict(selected)
+      sampled = dict(selected_samples) if selected_samples is not None else None
+    else:
+      greedy = (dict(reuse[last_step]) if reuse and last_step in reuse
+                else self.evaluate(params, split="eval", num_tasks=self.config.eval_tasks))
+      sampled = (self.evaluate(params, split="eval", num_tasks=self.config.eval_tasks,
+                               num_samples=self.config.eval_samples, temperature=1.0, seed=0)
+                 if selected_samples is not None else None)
+    out = []
+    for results, file in ((greedy, EVAL_RESULTS_LAST_FILE), (sampled, EVAL_SAMPLES_LAST_FILE)):
+      if results is not None:
+        results.update(policy_step=last_step // self.updates_per_step, selected_on="last step (eval_last)")
+        evaluation.write_eval_results(self.model_dir / file, results)
+        out.append(results)
+    return out
 
   def close(self) -> None:
     if self._engine is not None:

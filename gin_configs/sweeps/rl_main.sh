@@ -7,6 +7,8 @@
 #     --num_samples 4 --with_greedy --out results/rl_signal/start
 #   bash gin_configs/sweeps/rl_main.sh                  # runs/rl_signal/main, resumable; records to results/
 #   python -m launch.sweep --root results/rl_signal/main --report --baseline_eval results/rl_signal/start
+#   python -m launch.sweep --root results/rl_signal/main --report --baseline_eval results/rl_signal/start \
+#     --policy last      # each job's last policy (LoopConfig.eval_last; seed 0 ran without it), results_last.md
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 R=gin_configs/rl_signal

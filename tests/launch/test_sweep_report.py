@@ -466,8 +466,37 @@ def test_baseline_eval_flag_reaches_report(fixed_start, monkeypatch):
   with monkeypatch.context() as patch:
     patch.setattr(sweep_report, "report", lambda root, **kwargs: calls.append((root, kwargs)))
     assert sweep.main(["--root", fixed_start, "--report", "--baseline_eval", "evals/bc"]) == 0
-  assert calls == [(fixed_start, {"baseline": None, "baseline_eval": "evals/bc"})]
+  assert calls == [(fixed_start, {"baseline": None, "baseline_eval": "evals/bc", "policy": "selected"})]
   # A refusal exits with its message.
   write("evals/bc/eval_results.json", {**greedy(*BASE_GREEDY), "split": "train"})
   with pytest.raises(SystemExit, match=r"launch.sweep --report: baseline_eval: evals/bc: not paired"):
     sweep.main(["--root", fixed_start, "--report", "--baseline_eval", "evals/bc"])
+
+
+def test_the_last_policy_s_report_reads_its_own_files(fixed_start, monkeypatch):
+  # P11's val kept its start (its selected evaluation equals the baseline); its last policy is better on every
+  # episode. P00 kept no last-policy evaluation (a run without LoopConfig.eval_last): no figures, not zeros.
+  for seed in (0, 1):
+    write(os.path.join(fixed_start, P11, f"seed={seed}", "eval_results.json"), greedy(*BASE_GREEDY))
+    write(os.path.join(fixed_start, P11, f"seed={seed}", "eval_samples.json"), sampled(*BASE_SAMPLED))
+    last = os.path.join(fixed_start, P11, f"seed={seed}")
+    write(os.path.join(last, "eval_results_last.json"), greedy([1] * 5, [1] * 5, selected_on="last step (eval_last)"))
+    write(os.path.join(last, "eval_samples_last.json"), sampled([[1] * 4] * 5, [[1] * 4] * 5))
+  selected = sweep_report.report(fixed_start, baseline_eval="evals/bc")
+  assert {p["point"]: p["diff"]["mean"] for p in selected["points"] if not p["fixed"]} == {P00: 0.0, P11: 0.0}
+  last = sweep_report.report(fixed_start, baseline_eval="evals/bc", policy="last")
+  points = {p["point"]: p for p in last["points"]}
+  assert points[P11]["diff"]["mean"] == pytest.approx(((1 - .4) + (1 - .2)) / 2) and points[P11]["diff"]["lo"] > 0
+  rows = table_rows(last["markdown"])
+  assert rows[P00][:3] == ["no eval", "no eval", "no eval"]
+  assert last["markdown"].startswith("# Sweep sweep: the last policy of each job")
+  assert "LoopConfig.eval_last" in last["markdown"]
+  assert sorted(os.path.basename(f) for f in last["files"]) == ["results_last.csv", "results_last.md"]
+  with open(os.path.join(fixed_start, "results.md")) as f:
+    assert f.read() == selected["markdown"]  # the selected policy's report is left as it was
+  with pytest.raises(ValueError, match="policy must be one of"):
+    sweep_report.report(fixed_start, policy="best")
+  calls = []
+  monkeypatch.setattr(sweep_report, "report", lambda root, **kw: calls.append(kw) or {})
+  sweep.main(["--root", fixed_start, "--report", "--policy", "last"])
+  assert calls[-1]["policy"] == "last"

@@ -144,7 +144,7 @@ def train_rows(model_dir):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
   model_dir = tmp_path_factory.mktemp("agentevol") / "run"
-  proc = train(model_dir)
+  proc = train(model_dir, "LoopConfig.eval_last = True")
   return model_dir, proc
 
 
@@ -180,6 +180,10 @@ def test_agentevol_runs_all_phases_with_global_steps(uninterrupted):
   assert keys[0] and all(k == keys[0] for k in keys)
   selected = [r for r in by_phase.values() if r["policy_step"] == results["policy_step"]]
   assert len(selected) == 1 and selected[0]["envs"] == results["envs"]
+  # The last policy (LoopConfig.eval_last): the last phase's own held-out figures, reused, not evaluated again.
+  last = json.loads((model_dir / "eval_results_last.json").read_text())
+  assert last["policy_step"] == total and last["envs"] == by_phase["iteration 2"]["envs"]
+  assert last["episodes"] == by_phase["iteration 2"]["episodes"]
   assert "held-out success" in proc.stdout and "iteration 2" in proc.stdout and "selected" in proc.stdout
 
 

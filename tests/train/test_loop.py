@@ -132,6 +132,48 @@ def test_the_start_is_a_val_candidate_and_sampled_val_repeats_its_tasks_and_seed
   assert "eval/overall/success" in last and "eval_sampled/overall/success" in last
 
 
+def test_the_last_policy_is_held_out_beside_the_selected_one(tmp_path, tokenizer, batch):
+  # val keeps the start (every val ties at one round), so the last policy is evaluated on its own; the sampled
+  # evaluation plays the selected one's episodes (same tasks and seeds), and its parameters are the trained ones.
+  owner = Counter()
+  loop = make_loop(tmp_path, tokenizer, owner, val=[0], eval_every=2, eval_tasks=2, checkpoint_every=100,
+                   val_start=True, eval_samples=2, eval_last=True)
+  loop.resume()
+  run_steps(loop, batch, owner, 2)
+  evaluated = []
+  original = loop.evaluate
+  loop.evaluate = lambda params, **kw: evaluated.append((params, kw)) or original(params, **kw)
+  selected = loop.finish()
+  assert selected["policy_step"] == 0
+  last = json.loads((tmp_path / "eval_results_last.json").read_text())
+  last_samples = json.loads((tmp_path / "eval_samples_last.json").read_text())
+  samples = json.loads((tmp_path / "eval_samples.json").read_text())
+  assert last["policy_step"] == last_samples["policy_step"] == 2 and last["selected_on"] == "last step (eval_last)"
+  assert sorted((e["env"], e["index"], e["sample"]) for e in last_samples["episodes"]) == \
+      sorted((e["env"], e["index"], e["sample"]) for e in samples["episodes"])
+  assert len(evaluated) == 4  # the selected policy greedy and sampled, then the last one alike
+  assert evaluated[2][0] is loop.trainer.state.params and evaluated[3][0] is loop.trainer.state.params
+  assert evaluated[0][0] is not loop.trainer.state.params
+  row = metrics_lib.read_metrics(str(tmp_path))[-1]
+  assert "eval/overall/success" in row and "eval_last/overall/success" in row
+  assert "eval_last_sampled/overall/success" in row
+
+
+def test_when_val_selects_the_last_policy_its_results_are_not_evaluated_twice(tmp_path, tokenizer, batch):
+  owner = Counter()
+  loop = make_loop(tmp_path, tokenizer, owner, eval_tasks=1, checkpoint_every=100, eval_last=True)
+  loop.resume()
+  run_steps(loop, batch, owner, 1)
+  calls = []
+  original = loop.evaluate
+  loop.evaluate = lambda params, **kw: calls.append(kw) or original(params, **kw)
+  selected = loop.finish()
+  assert selected["selected_on"] == "last step" and len(calls) == 1
+  last = json.loads((tmp_path / "eval_results_last.json").read_text())
+  assert last["envs"] == selected["envs"] and last["policy_step"] == 1
+  assert not (tmp_path / "eval_samples_last.json").exists()
+
+
 def test_loop_config_refuses_unpaired_or_degenerate_sampling():
   with pytest.raises(ValueError, match="val_samples"):
     LoopConfig(val_samples=0)
