@@ -1,6 +1,7 @@
 """The overfit probe's table: each job's val (the trained tasks, sampled avg@k at fixed seeds) against the start's,
 paired by (env, index, sample) with a bootstrap 95% interval over tasks (`sweep_report.paired_comparison`), beside
-the KL to the start, ||dθ||/||θ|| of the step and the episodes spent up to it (DAPO's refills count).
+the KL to the start, ||dθ||/||θ|| of the step and the episodes spent up to it (DAPO's refills count); then where
+each job's gain comes from: its trained tasks grouped by how many samples the start solved (`by_start_passes`).
 
   python -m launch.probe_report results/rl_signal/probe     # writes results/rl_signal/probe/probe.md
 
@@ -51,11 +52,50 @@ def table(root: str) -> str:
   return "\n".join(lines) + "\n"
 
 
+def task_passes(record: dict) -> dict[tuple[str, int], int]:
+  """A val record's successes per task: (env, index) -> how many of its samples succeeded."""
+  passes: dict[tuple[str, int], int] = {}
+  for episode in record["episodes"]:
+    key = (episode["env"], int(episode["index"]))
+    passes[key] = passes.get(key, 0) + int(bool(episode["success"]))
+  return passes
+
+
+def by_start_passes(root: str) -> str:
+  """Where each job's last val gain comes from: per env, the tasks grouped by how many of their k samples the start
+  solved (0..k), each group's task count and its success (avg@k) at the start and at the job's last val. A task the
+  start never solves gives GRPO no signal (all its group's rewards are equal) unless a sample happens to succeed."""
+  with open(os.path.join(root, "start", "step_0.json")) as f:
+    start_record = json.load(f)
+  k = int(start_record["num_samples"])
+  start = task_passes(start_record)
+  envs = sorted({env for env, _ in start}, key=lambda e: (e != "maze", e))
+  lines = [f"Success by the start's passes (of {k} samples per task), start -> the job's last val:", "",
+           "| job | step | " + " | ".join(f"{env}: {n}/{k}" for env in envs for n in range(k + 1)) + " |",
+           "|---|---|" + "---|" * (len(envs) * (k + 1))]
+  for job in sorted(glob.glob(os.path.join(root, "*", "seed=*"))):
+    records = sorted(glob.glob(os.path.join(job, "val", "step_*.json")),
+                     key=lambda p: int(p.rsplit("_", 1)[1].split(".")[0]))
+    if not records:
+      continue
+    with open(records[-1]) as f:
+      last_record = json.load(f)
+    last = task_passes(last_record)
+    cells = []
+    for env in envs:
+      for n in range(k + 1):
+        tasks = [key for key, passes in start.items() if key[0] == env and passes == n]
+        now = sum(last.get(key, 0) for key in tasks) / (k * len(tasks)) if tasks else None
+        cells.append(f"{len(tasks)} tasks: {n / k:.2f} -> {now:.2f}" if tasks else "-")
+    lines.append(f"| {os.path.relpath(job, root)} | {last_record['step']} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("root", help="the probe's records: start/step_0.json and POINT/seed=S/ jobs")
   root = parser.parse_args(argv).root
-  text = table(root)
+  text = table(root) + "\n" + by_start_passes(root)
   with open(os.path.join(root, "probe.md"), "w") as f:
     f.write(text)
   print(text)
