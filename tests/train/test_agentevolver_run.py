@@ -24,6 +24,10 @@ from tests.train.test_selfq_rl import explored_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# Its one fixture (three runs, the longest file of the suite) runs first on its worker (tests/conftest.py's order),
+# not last, where it held the whole suite's end.
+pytestmark = pytest.mark.slow
+
 # Per RL step the tiny GRPO takes ppo_epochs x num_minibatches = 2 updates: the save of RL step 2 is update 4.
 KILL_AT_UPDATE = "4"
 UNTIMED = ("time/", "memory/", "compile/")  # prefixes of what a run's timing, not its seed, decides
