@@ -9,11 +9,14 @@ import json
 import os
 from collections.abc import Iterable
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from evolver.data.chat import CHATML_TEMPLATE, PAD_TOKEN, SPECIAL_TOKENS, TURN_END, TURN_START
 
 TINY_TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "tokenizer")
+# The `tokenizer_class` of a directory whose tokenizer is its `tokenizer.json` alone (evolver's own tokenizers and
+# exports write the first; transformers 4 wrote the second).
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def load_tokenizer(path: str | None = None) -> PreTrainedTokenizerBase:
@@ -24,17 +27,32 @@ def load_tokenizer(path: str | None = None) -> PreTrainedTokenizerBase:
   qwen2 gets `Qwen2Tokenizer`) from the vocabulary and merges with that family's own normalizer and pre-tokenizer,
   whatever `tokenizer.json` holds. A tokenizer trained with others (the tiny one splits as GPT-2 does) would then
   cut text differently from how the policy was trained, so such a directory is loaded from `tokenizer.json` as
-  saved (`PreTrainedTokenizerFast`).
+  saved (`PreTrainedTokenizerFast`). A directory that declares that class itself is loaded as such directly:
+  AutoTokenizer would build the same tokenizer, after importing every model family's configuration (and torch,
+  where it is installed: seconds at each process start).
   """
   path = path or TINY_TOKENIZER_DIR
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory {path!r} does not exist")
-  tokenizer = AutoTokenizer.from_pretrained(path)
+  if _declared_class(path) in GENERIC_TOKENIZER_CLASSES and os.path.isfile(os.path.join(path, "tokenizer.json")):
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+  else:
+    from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
+    tokenizer = AutoTokenizer.from_pretrained(path)
   if not _tokenizes_as_saved(tokenizer, path):
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
   if not getattr(tokenizer, "chat_template", None):
     raise ValueError(f"tokenizer at {path!r} has no chat template; set one (tokenizer.chat_template = ...)")
   return tokenizer
+
+
+def _declared_class(path: str) -> str | None:
+  """The `tokenizer_class` that `path/tokenizer_config.json` names (None without one)."""
+  config_file = os.path.join(path, "tokenizer_config.json")
+  if not os.path.isfile(config_file):
+    return None
+  with open(config_file) as f:
+    return json.load(f).get("tokenizer_class")
 
 
 def _tokenizes_as_saved(tokenizer: PreTrainedTokenizerBase, path: str) -> bool:
