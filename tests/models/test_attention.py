@@ -32,7 +32,8 @@ def test_blocks_equal_the_full_square_on_real_queries(block):
   valid = _left_padded_valid([11, 7, 1], t)
   mask = jnp.asarray(np.tril(np.ones((t, t), bool))[None] & valid[:, None, :])
   full = np.asarray(grouped_attention(q, k, v, mask))
-  blocked = np.asarray(causal_block_attention(q, k, v, mask, block))
+  # Jitted: one compile, not an eager dispatch per block.
+  blocked = np.asarray(jax.jit(causal_block_attention, static_argnums=4)(q, k, v, mask, block))
   assert blocked.shape == full.shape
   np.testing.assert_allclose(blocked[valid], full[valid], atol=1e-6, rtol=0)
 
@@ -50,8 +51,9 @@ def test_decoder_logits_and_gradients_do_not_depend_on_the_block():
       logits = nnx.merge(graphdef, params)(ids, valid=valid)
       return jnp.sum(jnp.where(valid[..., None], jax.nn.log_softmax(logits), 0.0)) / 100.0
 
-    logits = np.asarray(nnx.merge(graphdef, params)(ids, valid=valid))
-    results.append((logits, jax.grad(loss)(params)))
+    logits = np.asarray(jax.jit(lambda params, graphdef=graphdef: nnx.merge(graphdef, params)(ids, valid=valid))(
+        params))
+    results.append((logits, jax.jit(jax.grad(loss))(params)))  # jitted: eager dispatch took most of the time
   (full_logits, full_grads), (block_logits, block_grads) = results
   np.testing.assert_allclose(block_logits[mask], full_logits[mask], atol=1e-5, rtol=0)
   for a, b in zip(jax.tree.leaves(block_grads), jax.tree.leaves(full_grads)):

@@ -49,9 +49,17 @@ def one(model):
   return Sampler(model, **SAMPLERS)
 
 
-@pytest.fixture(scope="module", params=list(MESHES))
-def on_mesh(request, model):
-  return Sampler(model, mesh=sharding.make_mesh(**MESHES[request.param]), **SAMPLERS)
+@pytest.fixture(scope="module")
+def samplers_on_mesh(model):
+  """A mesh's name -> its sampler, made once (its compiled programs serve every test on that mesh)."""
+  made = {}
+
+  def on_mesh(name):
+    if name not in made:
+      made[name] = Sampler(model, mesh=sharding.make_mesh(**MESHES[name]), **SAMPLERS)
+    return made[name]
+
+  return on_mesh
 
 
 def assert_same_generation(a, b, atol=1e-5):
@@ -62,10 +70,13 @@ def assert_same_generation(a, b, atol=1e-5):
   np.testing.assert_array_equal(a.session.lengths, b.session.lengths)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
-def test_generate_on_a_mesh_equals_one_device(one, on_mesh, temperature):
+# Sampled on every mesh; greedy (the same programs, argmax in place of the draw) on one.
+@pytest.mark.parametrize("mesh, temperature", [("data4_tensor2", 0.0), *[(name, 1.0) for name in MESHES]],
+                         ids=["data4_tensor2-greedy", *[f"{name}-sampled" for name in MESHES]])
+def test_generate_on_a_mesh_equals_one_device(one, samplers_on_mesh, mesh, temperature):
   """Three turns (the cache kept between them) of 12 ragged rows in a batch of 16, stopping at different steps
   (sampled: the live rows move to a batch of 8 midway), the third on 4 rows selected from the session."""
+  on_mesh = samplers_on_mesh(mesh)
   prompts, second = PROMPTS + [[40 + i, 41] for i in range(4)], SECOND + [[50 + i] for i in range(4)]
   params = SamplingParams(max_new_tokens=20, temperature=temperature, stop_ids=(STOP, 9, 17))
   first = one.generate(prompts, params, seed=3)
@@ -84,8 +95,10 @@ def test_generate_on_a_mesh_equals_one_device(one, on_mesh, temperature):
   assert_same_generation(last, last_8)
 
 
-def test_continuous_batching_on_a_mesh_equals_one_device(one, on_mesh):
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_continuous_batching_on_a_mesh_equals_one_device(one, samplers_on_mesh, mesh):
   """Rows begin their second turn while others decode their first, and the slots are repacked midway."""
+  on_mesh = samplers_on_mesh(mesh)
   params = SamplingParams(max_new_tokens=16, temperature=1.0, stop_ids=(STOP, 9, 17))
   keys1, keys2 = row_key_data(7, 8), row_key_data(8, 8)
   turns = _continuous_two_turns(one, PROMPTS, SECOND, params, keys1, keys2, repack_at=3)
