@@ -142,19 +142,23 @@ def test_anchor_state_advantages_wire_state_keys_and_score_gains():
 
 
 def test_the_credit_switches_and_agentevolver_gin_parse():
+  import json
   import os
   import subprocess
   import sys
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  # Parsed as launch.train parses them, in a fresh process (in pytest's, `tests/models` shadows gin's includes).
-  script = ("import sys, gin\nfrom evolver.train import gin_config\n"
-            "gin_config.parse(sys.argv[1:], [\"MODEL_DIR = 'x'\"])\n"
-            "print(gin.query_parameter('train_grpo.advantage_fn').selector, "
+  # Parsed as launch.train parses them, in a fresh process (in pytest's, `tests/models` shadows gin's includes):
+  # one process for every case, the config cleared between them.
+  script = ("import json, sys, gin\nfrom evolver.train import gin_config\n"
+            "for files in json.loads(sys.argv[1]):\n"
+            "  gin.clear_config()\n"
+            "  gin_config.parse(files, [\"MODEL_DIR = 'x'\"])\n"
+            "  print(gin.query_parameter('train_grpo.advantage_fn').selector, "
             "[e.selector for e in gin.query_parameter('train_grpo.extensions')])\n")
   cases = {("gin_configs/runs/agentevolver.gin",): "AdcaAdvantages ['SyntheticTasks', 'ExperienceManager']",
            ("gin_configs/experience/no_pool.gin", "gin_configs/credit/adca_llm.gin"): "AdcaAdvantages []",
            ("gin_configs/experience/no_pool.gin", "gin_configs/credit/anchor_state.gin"): "AnchorStateAdvantages []"}
-  for files, want in cases.items():
-    proc = subprocess.run([sys.executable, "-c", script, *files], cwd=root, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().split("\n")[-1] == want, (files, proc.stdout)
+  proc = subprocess.run([sys.executable, "-c", script, json.dumps([list(files) for files in cases])], cwd=root,
+                        capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.strip().split("\n")[-len(cases):] == list(cases.values()), proc.stdout
