@@ -14,6 +14,8 @@
 #   AXIS="het_ppo_loss_fn.agg_mode=['token-mean','seq-mean-token-sum-norm']" \
 #     bash gin_configs/sweeps/rl_probe.sh --root runs/rl_signal/probe_agg        # the aggregation modes
 #   AXIS="het_ppo_loss_fn.negative_weight=[0.5]" bash gin_configs/sweeps/rl_probe.sh --root runs/rl_signal/probe_neg
+#   AXIS="train_grpo.task_source=[@PassRateCurriculum()]" \
+#     bash gin_configs/sweeps/rl_probe.sh --root runs/rl_signal/probe_curriculum     # the pass-rate curriculum
 # The table of all (records copied to results/rl_signal/probe/POINT/seed=0, the start's val in its start/):
 #   python -m launch.probe_report results/rl_signal/probe
 set -euo pipefail
