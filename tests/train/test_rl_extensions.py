@@ -152,7 +152,8 @@ def test_extension_state_is_kept_with_each_checkpoint_across_a_kill(bc_checkpoin
   # Killed while saving RL step 2 (update 4: two minibatches a step), after both steps logged their metrics.
   proc = grpo(run_dir, bc_dir, out, 2, env={KILL_DURING_SAVE_ENV: "4"}, check=False)
   assert proc.returncode == -9, proc.stderr[-2000:]
-  assert ckpt_lib.Checkpointer(str(run_dir), async_save=False).latest_step() in (2, 4)
+  complete = ckpt_lib.Checkpointer(str(run_dir), async_save=False).latest_step()
+  assert complete in (2, 4)  # the in-flight save of update 4 rarely lands before the kill
   unbroken = [r for r in metrics_lib.read_metrics(str(run_dir)) if "loss" in r]
   assert [r["step"] for r in unbroken] == [1, 2]
   assert all(r["rollout/with_additions"] == 2 and r["hints/with_hint"] == 2 and r["exp_tokens"] > 0
@@ -167,5 +168,7 @@ def test_extension_state_is_kept_with_each_checkpoint_across_a_kill(bc_checkpoin
   assert record == {"steps": [0, 1], "with_hint": [2, 2], "advantage_calls": 2}  # sample 0 of each of 2 tasks
   kept = ckpt_lib.Checkpointer(str(run_dir), async_save=False).restore_state_files(4)  # after RL step 2
   assert json.loads(kept["hints"]["record.json"]) == record
-  resumed = [r for r in metrics_lib.read_metrics(str(run_dir)) if "loss" in r and r["step"] == 2][-1]
-  assert resumed["loss"] == pytest.approx(unbroken[1]["loss"], rel=1e-5, abs=1e-6)
+  step_2 = [r for r in metrics_lib.read_metrics(str(run_dir)) if "loss" in r and r["step"] == 2]
+  if complete == 2:  # step 2 redone by the resumed process: its row replaced the killed one's, and equals it
+    assert "resuming at step 1" in proc.stdout and len(step_2) == 1
+    assert step_2[-1]["loss"] == pytest.approx(unbroken[1]["loss"], rel=1e-5, abs=1e-6)
