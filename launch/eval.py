@@ -514,7 +514,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           num_samples=settings["num_samples"], temperature=settings["temperature"], top_p=args.top_p,
           max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, batch_size=args.batch_size,
           seed=args.seed, env_factory=env_factory,
-          transform_openings=with_retrieval(retriever) if retriever else None, on_rollouts=rollouts.extend)
+          transform_openings=with_retrieval(retriever) if retriever else None, on_rollouts=rollouts.extend,
+          progress=f"eval, {sweep_report.kind_label(settings)}")
       results["policy"] = source
       if retriever is not None:
         results["experience"] = experience_record(args, retriever, results, rollouts)

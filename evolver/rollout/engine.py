@@ -516,7 +516,8 @@ class RolloutEngine:
   # -- the public entry point -----------------------------------------------------------------------------
 
   def run(self, tasks: Sequence[Task], config: RolloutConfig | None = None, *,
-          transform_openings: OpeningTransform | None = None) -> RolloutBatch:
+          transform_openings: OpeningTransform | None = None,
+          progress: Callable[[int], None] | None = None) -> RolloutBatch:
     """Rolls out `config.num_samples` episodes per task, `config.batch_size` at a time.
 
     Args:
@@ -526,6 +527,8 @@ class RolloutEngine:
       transform_openings: called on the main thread once per chunk with an `EpisodeOpening` (task, sample, a
         copy of the opening the constructor's `opening` built) for every episode that started; returns one
         `OpeningChange` (to replace that opening) or None (to keep it) per episode, in order.
+      progress: called with how many more of this process's episodes have ended, after each turn's env steps
+        and after each chunk (the calls add up to its episode count), e.g. a progress bar's `update`.
 
     Returns:
       The trajectories in task order (a task's samples together, `group` = the task's position in `tasks`) and
@@ -565,12 +568,24 @@ class RolloutEngine:
     episodes = [_Episode(task=t, group=g, sample=s, key=k) for (t, g, _, s), k in zip(specs, keys)
                 if own is None or g in own]
     out: list[Rollout] = []
+    reported = 0
+
+    def report_ended() -> None:
+      nonlocal reported
+      if progress is None:
+        return
+      ended = sum(ep.ended for ep in episodes)
+      if ended > reported:
+        progress(ended - reported)
+        reported = ended
+
     for first in range(0, len(episodes), config.batch_size):
       chunk = episodes[first:first + config.batch_size]
       if config.schedule == "continuous" and config.reuse_cache:
-        self._run_chunk_continuous(chunk, config, limit, transform_openings, stats)
+        self._run_chunk_continuous(chunk, config, limit, transform_openings, stats, report_ended)
       else:
-        self._run_chunk(chunk, config, limit, transform_openings, stats)
+        self._run_chunk(chunk, config, limit, transform_openings, stats, report_ended)
+      report_ended()
       out.extend(_to_rollout(ep, config) for ep in chunk)
     stats.episodes = len(out)
     stats.failed = sum(t.failed for t in out)
@@ -586,7 +601,8 @@ class RolloutEngine:
   # -- one chunk of episodes, turn by turn ----------------------------------------------------------------
 
   def _run_chunk(self, episodes: list[_Episode], config: RolloutConfig, limit: int,
-                 transform_openings: OpeningTransform | None, stats: RolloutStats) -> None:
+                 transform_openings: OpeningTransform | None, stats: RolloutStats,
+                 report_ended: Callable[[], None]) -> None:
     params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                             top_k=config.top_k, top_p=config.top_p, stop_ids=self.stop_ids)
     try:
@@ -634,11 +650,13 @@ class RolloutEngine:
         self._record_turns(live, gen, config, stats)
         self._step_envs(live, config, stats)
         self._prepare_next_turns([ep for ep in live if not ep.ended], config, limit, stats)
+        report_ended()
     finally:
       self._release(episodes)  # also when something raises: failed envs are closed, the others pooled
 
   def _run_chunk_continuous(self, episodes: list[_Episode], config: RolloutConfig, limit: int,
-                            transform_openings: OpeningTransform | None, stats: RolloutStats) -> None:
+                            transform_openings: OpeningTransform | None, stats: RolloutStats,
+                            report_ended: Callable[[], None]) -> None:
     """The chunk's episodes as rows of `Sampler.open_slots`, each row's turns begun as soon as its previous turn
     has been collected and its env stepped (module docstring)."""
     params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
@@ -661,6 +679,7 @@ class RolloutEngine:
                                           stopped=np.array([t.stopped for t in finished], bool)), config, stats)
         self._step_envs(turned, config, stats)
         self._prepare_next_turns([ep for ep in turned if not ep.ended], config, limit, stats)
+        report_ended()
         for turn in finished:
           if rows[turn.row].ended:
             rows[turn.row] = None

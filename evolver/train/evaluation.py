@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from evolver import envs as envs_lib
@@ -115,7 +116,8 @@ def evaluate(policy: RolloutEngine | APIRolloutEngine | Sampler | Decoder, token
              max_context_tokens: int | None = None, batch_size: int = 64, seed: int = 0,
              env_factory: Callable[[str], Any] = envs_lib.make, keep_episodes: bool = True,
              transform_openings: OpeningTransform | None = None,
-             on_rollouts: Callable[[list[Rollout]], None] | None = None) -> dict[str, Any]:
+             on_rollouts: Callable[[list[Rollout]], None] | None = None,
+             progress: str | None = None) -> dict[str, Any]:
   """Rolls the policy out on `split` of each env and summarizes.
 
   Args:
@@ -134,6 +136,7 @@ def evaluate(policy: RolloutEngine | APIRolloutEngine | Sampler | Decoder, token
     transform_openings: changes the openings of some episodes (`RolloutEngine.run`), e.g. experience.
     on_rollouts: called once with every episode's `Rollout` (failed ones included, in the order of "episodes"),
       e.g. to summarize them into experience (`launch.eval --summarize_into`).
+    progress: a label: show a progress bar of the episodes ended (tqdm, on stderr) under it; None: no bar.
 
   Returns:
     {"split", "num_samples", "temperature", "seed", "max_new_tokens", "max_rounds", "envs": {name: {success,
@@ -160,11 +163,17 @@ def evaluate(policy: RolloutEngine | APIRolloutEngine | Sampler | Decoder, token
                          batch_size=batch_size, seed=seed)
   start = time.perf_counter()
   api_before = engine.client.stats() if isinstance(engine, APIRolloutEngine) else None
-  if engine is not None:
-    batch = engine.run(tasks, config, transform_openings=transform_openings)
-  else:
-    with RolloutEngine(policy, tokenizer, env_factory=env_factory) as own:
-      batch = own.run(tasks, config, transform_openings=transform_openings)
+  bar = tqdm(total=len(tasks) * num_samples, desc=progress, unit="episode", leave=False,
+             disable=progress is None)
+  run_kwargs: dict[str, Any] = {"transform_openings": transform_openings}
+  if progress is not None:
+    run_kwargs["progress"] = bar.update
+  with bar:
+    if engine is not None:
+      batch = engine.run(tasks, config, **run_kwargs)
+    else:
+      with RolloutEngine(policy, tokenizer, env_factory=env_factory) as own:
+        batch = own.run(tasks, config, **run_kwargs)
   seconds = time.perf_counter() - start
   if on_rollouts is not None:
     on_rollouts(list(batch.trajectories))

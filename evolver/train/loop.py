@@ -363,12 +363,16 @@ class Loop:
     return results
 
   def evaluate(self, params: nnx.State | None = None, **kwargs: Any) -> dict[str, Any]:
-    """`evaluation.evaluate` of the current weights (or `params`) on the run's envs with the loop's limits."""
+    """`evaluation.evaluate` of the current weights (or `params`) on the run's envs with the loop's limits, with a
+    progress bar ("val" or "held-out", greedy or avg@k)."""
     config = self.config
     kwargs = dict(dict(max_new_tokens=config.eval_max_new_tokens, max_rounds=config.eval_max_rounds,
                        batch_size=config.eval_batch_size), **kwargs)
     if self.eval_openings is not None:
       kwargs.setdefault("transform_openings", self.eval_openings(self.step))
+    samples = kwargs.get("num_samples", 1)
+    kwargs.setdefault("progress", f"{'val' if kwargs.get('split') == 'train' else 'held-out'}, "
+                                  f"{f'avg@{samples}' if samples > 1 else 'greedy'}")
     return evaluation.evaluate(self.sync_policy(params), self.tokenizer, self.envs, **kwargs)
 
   # -- the end -----------------------------------------------------------------------------------------------

@@ -122,8 +122,10 @@ def test_engine_rounds_context_and_samples(endpoint):
   client = OpenAIChat(endpoint, "fake", KEY, timeout_s=10, max_retries=0)
   with APIRolloutEngine(client, max_concurrency=3) as engine:
     _FakeEndpoint.mode = "fixed"  # never solves: the episode runs to the round limit
+    ended = []
     batch = engine.run([Task("maze", 0, SPLIT)], RolloutConfig(max_rounds=3, temperature=1.0, num_samples=2,
-                                                               record_expert_actions=True))
+                                                               record_expert_actions=True), progress=ended.append)
+    assert ended == [1, 1]  # one report per episode ended
     assert [(t.sample, t.turns, t.finish_reason, t.success) for t in batch.trajectories] == [
         (0, 3, "max_rounds", False), (1, 3, "max_rounds", False)]
     t = batch.trajectories[0]

@@ -173,9 +173,13 @@ def test_groups_samples_and_seeds(engine):
   # The cap on episodes in flight runs them in chunks; greedy results do not depend on the chunking.
   greedy = RolloutConfig(max_new_tokens=24, temperature=0.0, max_rounds=2, num_samples=1)
   whole = engine.run(TASKS[:4], greedy)
-  chunked = engine.run(TASKS[:4], dataclasses.replace(greedy, batch_size=3))
-  chunked_turns = engine.run(TASKS[:4], dataclasses.replace(greedy, batch_size=3, schedule="turns"))
+  ended, ended_turns = [], []  # `progress`: how many more episodes ended, reported as they end
+  chunked = engine.run(TASKS[:4], dataclasses.replace(greedy, batch_size=3), progress=ended.append)
+  chunked_turns = engine.run(TASKS[:4], dataclasses.replace(greedy, batch_size=3, schedule="turns"),
+                             progress=ended_turns.append)
   assert chunked_turns.stats.generate_calls == 4  # two chunks of two turns
+  for calls in (ended, ended_turns):
+    assert sum(calls) == 4 and min(calls) > 0 and len(calls) >= 2  # at least one report per chunk
   for x, y, z in zip(whole.trajectories, chunked.trajectories, chunked_turns.trajectories):
     np.testing.assert_array_equal(x.token_ids, y.token_ids)
     np.testing.assert_array_equal(x.token_ids, z.token_ids)
