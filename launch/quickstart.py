@@ -47,16 +47,18 @@ class Plan:
   envs: the envs played. practised_start, practised_tasks: the train tasks [start, start + n) GRPO practises
   (outside the expert slice [0, 80)), evaluated with practised_samples episodes each. held_out_tasks: the first n
   tasks of each env's `eval` split, evaluated greedily and with held_out_samples episodes each. max_rounds
-  (None: each env's own) and max_new_tokens: the limits of every episode, trained on or evaluated.
+  (None: each env's own) and max_new_tokens: the limits of every episode, trained on or evaluated. batch_size:
+  the evaluations' episodes in flight (each of the plan's evaluations in one chunk, none waiting on a chunk's tail).
   """
   envs: tuple[str, ...] = ("maze",)
   practised_start: int = 80
   practised_tasks: int = 8
   practised_samples: int = 8
-  held_out_tasks: int = 50
+  held_out_tasks: int = 30
   held_out_samples: int = 4
   max_rounds: int | None = 12
   max_new_tokens: int = 96
+  batch_size: int = 128
 
 
 PLAN = Plan()
@@ -70,7 +72,7 @@ def eval_args(plan: Plan, policy: list[str], kind: str, out: str, baseline: str 
   the directory `out` (eval_samples.json, and eval_results.json for the greedy one), paired with `baseline` (a
   directory of the same kind's evaluation) when given."""
   args = [*policy, "--envs", ",".join(plan.envs), "--max_new_tokens", str(plan.max_new_tokens), "--seed", "0",
-          "--temperature", "1.0"]
+          "--temperature", "1.0", "--batch_size", str(plan.batch_size)]
   if plan.max_rounds is not None:
     args += ["--max_rounds", str(plan.max_rounds)]
   if kind == "practised":
@@ -147,28 +149,29 @@ def table(model_dir: str) -> str:
 
 
 def learning_curve(model_dir: str) -> bytes | None:
-  """PNG: the practised tasks' rollout success at each GRPO step (the episodes the step trained on: played by the
-  policy before its update), beside the start's and the evolved policy's evaluation on those tasks; None where
-  the run logged no step."""
+  """PNG: success on the practised tasks against the GRPO updates applied: each step's own rollouts (step k's
+  episodes are played by the policy after k - 1 updates) and the start's and the evolved policy's evaluations (at
+  0 and at the last step); None where the run logged no step."""
   metrics = sweep_report.read_metrics(os.path.join(model_dir, "metrics.jsonl"))
-  points = sorted((step, float(m["rollout/success"])) for step, m in metrics.items() if "rollout/success" in m)
+  points = sorted((step - 1, float(m["rollout/success"])) for step, m in metrics.items() if "rollout/success" in m)
   if not points:
     return None
   import matplotlib
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
+  from matplotlib import ticker
 
   fig, ax = plt.subplots(figsize=(6.4, 3.8))
   ax.plot([s for s, _ in points], [v for _, v in points], marker="o", linewidth=1.2,
-          label="rollout success (the step's own episodes)")
+          label="the step's own rollouts (what it trained on)")
   practised = [c for label, c in comparisons(model_dir) if label == "practised tasks"]
   if practised:
     o = practised[0]["overall"]
-    last = points[-1][0] + 1
-    ax.errorbar([0, last], [o["baseline"], o["this"]], fmt="s", color="black", capsize=3,
-                label=f"{practised[0]['kind']} evaluation: start, evolved ({o['diff']:+.3f} "
-                      f"[{o['lo']:+.3f}, {o['hi']:+.3f}])")
-  ax.set_xlabel("GRPO step")
+    ax.plot([0, points[-1][0] + 1], [o["baseline"], o["this"]], "s", color="black",
+            label=f"{practised[0]['kind']} evaluation, start and evolved: {o['diff']:+.3f} "
+                  f"[{o['lo']:+.3f}, {o['hi']:+.3f}]")
+  ax.set_xlabel("GRPO updates applied")
+  ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
   ax.set_ylabel("success on the practised tasks")
   ax.set_ylim(0, 1)
   ax.grid(alpha=0.3)
