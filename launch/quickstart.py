@@ -54,7 +54,7 @@ class Plan:
   practised_start: int = 80
   practised_tasks: int = 8
   practised_samples: int = 8
-  held_out_tasks: int = 30
+  held_out_tasks: int = 25
   held_out_samples: int = 4
   max_rounds: int | None = 12
   max_new_tokens: int = 96

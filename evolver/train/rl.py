@@ -378,7 +378,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
                extensions: Sequence[RLExtension] = (), record_expert_actions: bool = False,
                head_chunk_rows: int | None = None, minibatch_order: str = "random",
                task_source: curriculum_lib.UniformTasks | None = None, dynamic_sampling_rounds: int = 0,
-               tokenizer_path: str | None = None) -> dict[str, Any]:
+               precompile: bool = True, tokenizer_path: str | None = None) -> dict[str, Any]:
   """Runs (or resumes) GRPO from a BC run or a transformers checkpoint. Returns the final `eval` results (empty
   when LoopConfig.eval_tasks is 0).
 
@@ -403,6 +403,9 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
       whose rewards are all equal and refills them from new draws of the task source (`tasks_per_step` tasks a
       round, the first groups with signal kept), up to N extra rounds (fewer groups train when the rounds run
       out). `rollout/episodes` counts what a step spent, `rollout/signal_groups` what trained.
+    precompile: in the first step, compile every sampler program later steps can meet and the update's programs
+      at every bucket, so that no later step compiles; False compiles each program when a step first meets it
+      (a run of a few steps meets fewer of them).
   """
   if not init_checkpoint and not hf_checkpoint:
     raise ValueError("GRPO continues a policy: set INIT_CHECKPOINT to a BC run's MODEL_DIR, e.g. "
@@ -452,7 +455,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
 
   def roll(step: int, round_index: int, tasks: list[Task], group_offset: int) -> tuple[RolloutBatch, list[Rollout]]:
     """One round of the step's rollouts: the batch (groups numbered from `group_offset`) and what trains of it."""
-    if not precompiled:  # the sampler's whole program set, once per process (in the first step's rollout time)
+    if precompile and not precompiled:  # the sampler's whole program set, once per process (first step's rollout)
       precompiled.append(engine.precompile(rollout_config, len(tasks)))
     rolled = engine.run(tasks, dataclasses.replace(rollout_config, seed=round_seed(seed, step, round_index)),
                         transform_openings=chain_openings(extensions, step))
@@ -497,7 +500,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
       ext.before_update(step, trajectories)
     started = time.perf_counter()
     max_rows = tasks_per_step * group_size  # (a step with more rows pads them to their own power of two)
-    if len(precompiled) == 1:  # and the updates' programs at every length bucket (in its update time)
+    if precompile and len(precompiled) == 1:  # and the updates' programs at every length bucket (its update time)
       rows = update_rows(max_rows, num_minibatches, minibatch_multiple(trainer))
       precompiled.append(precompile_updates(trainer, (trainer.state.params, ref_params), buckets, rows=rows,
                                             head_chunk_rows=head_chunk_rows))
