@@ -53,8 +53,8 @@ class Plan:
   envs: tuple[str, ...] = ("maze",)
   practised_start: int = 80
   practised_tasks: int = 8
-  practised_samples: int = 8
-  held_out_tasks: int = 25
+  practised_samples: int = 6
+  held_out_tasks: int = 20
   held_out_samples: int = 4
   max_rounds: int | None = 12
   max_new_tokens: int = 96
