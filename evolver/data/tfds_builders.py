@@ -158,6 +158,13 @@ class _ArrayRecordBuilder(tfds.core.GeneratorBasedBuilder):
     super().__init__(data_dir=data_dir or default_data_dir(), file_format=file_format or "array_record",
                      **kwargs)
 
+  def dataset_info_from_configs(self, **kwargs: Any) -> tfds.core.DatasetInfo:
+    info = super().dataset_info_from_configs(**kwargs)
+    # Before the data is prepared, tfds looks for precomputed info in its public bucket (off by default, yet each
+    # look leaves an empty temporary directory behind). These datasets are generated here: nothing to look up.
+    info.initialize_from_bucket = lambda: None
+    return info
+
 
 # ----------------------------------------------------------------------------------------------------------
 # expert_trajectories

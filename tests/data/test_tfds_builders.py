@@ -100,6 +100,15 @@ def test_default_data_dir_follows_the_cache_env_var(monkeypatch, tmp_path):
   assert tfds_builders.expert_builder("maze", 0, 4).data_dir.startswith(str(tmp_path))
 
 
+def test_a_builder_of_unprepared_data_leaves_no_temporary_directory(monkeypatch, tmp_path):
+  import tempfile
+  temp = tmp_path / "temp"
+  temp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(temp))
+  builder = tfds_builders.expert_builder("maze", 0, 4, data_dir=str(tmp_path / "data"))
+  assert builder.info.splits == {} and os.listdir(temp) == []  # (tfds' bucket look-up made one each time)
+
+
 def _write_agenttraj_files(directory):
   first = _expected(["maze"], range(3))
   first[0].messages[-1].content += " ✓ 経験"

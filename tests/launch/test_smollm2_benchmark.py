@@ -23,9 +23,9 @@ from launch.benchmarks import rl_step, smollm2  # noqa: E402
 # Every figure at its smallest: one timed run, batches 1 and 2, 4 new tokens, a 1 x 16 train step, one setting a side.
 SMALL = ["--repeats", "1", "--batches", "1,2", "--new_tokens", "4", "--torch_threads", "1", "--jax_settings",
          "all cores", "--train_batch", "1", "--train_seq", "16", "--train_torch_threads", "1"]
-# A GRPO step at its smallest: 2 episodes of one task, one turn of 4 tokens.
+# A GRPO step at its smallest: 2 episodes of one task, one turn of 4 tokens, compiling only the programs it meets.
 TINY_STEP = ["train_grpo.tasks_per_step = 1", "train_grpo.group_size = 2", "train_grpo.max_rounds = 1",
-             "train_grpo.max_new_tokens = 4"]
+             "train_grpo.max_new_tokens = 4", "train_grpo.precompile = False"]
 
 
 @pytest.fixture()

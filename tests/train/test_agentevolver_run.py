@@ -70,7 +70,8 @@ def runs(tmp_path_factory):
             "TaskSlices.explore_count = 2",  # 4 originals beside the task set: the mixture draws both kinds
             "SyntheticTasks.regenerate_every = 1", "ExperienceManager.log_pool_digest = True",
             "AdcaAdvantages.skip_type = None",  # (AgentEvolver's yaml): judge every group, even at 0 success
-            "TrainerConfig.checkpoint_every = 1", "LoopConfig.eval_tasks = 0"]
+            "TrainerConfig.checkpoint_every = 1", "LoopConfig.eval_tasks = 0",
+            "train_grpo.precompile = False"]  # 2 short steps: compile only the programs they meet
   files = ["gin_configs/runs/agentevolver.gin"]
   killed = tmp / "killed"
   # Unbuffered: the killed process's stdout up to the kill is kept.

@@ -26,12 +26,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SMALL = ["ModelConfig.hidden_size = 64", "ModelConfig.num_layers = 2", "ModelConfig.intermediate_size = 128"]
 # 2 tasks x 2 episodes a step (one group on each host), 2 steps: the second step's episodes are sampled with the
 # weights the first trained (each host's local copy). An entropy bonus and a large learning rate make the
-# parameters move even when every episode fails (a tiny BC policy's usual outcome: no advantage).
+# parameters move even when every episode fails (a tiny BC policy's usual outcome: no advantage). Programs compile
+# as the steps meet them (test_grpo.py tests the precompiled first step).
 GRPO = ["train_grpo.envs = ['sql', 'maze']", "train_grpo.tasks_per_step = 2", "train_grpo.group_size = 2",
         "TaskSlices.val_count = 0", "LoopConfig.eval_tasks = 0", "train_grpo.max_new_tokens = 8",
         "train_grpo.max_rounds = 2", "train_grpo.num_minibatches = 1", "train_grpo.buckets = (320,)",
         "TrainerConfig.checkpoint_every = 1", "het_ppo_loss_fn.entropy_coeff = 0.01",
-        "make_optimizer.learning_rate = 1e-3"]
+        "make_optimizer.learning_rate = 1e-3", "train_grpo.precompile = False"]
 STEPS = 2
 # Rollout figures are computed on the same gathered trajectories: equal. Losses and parameters: the same math
 # over a mesh whose devices sit in two processes (reductions in another order).

@@ -136,7 +136,8 @@ def grpo(run_dir, bc_dir, out, steps, env=None, check=True):
   bindings = [*SMALL, f"MODEL_DIR = '{run_dir}'", f"TRAIN_STEPS = {steps}", f"INIT_CHECKPOINT = '{bc_dir}'",
               "train_grpo.envs = ['sql', 'maze']", "train_grpo.tasks_per_step = 2", "train_grpo.group_size = 2",
               "train_grpo.max_new_tokens = 16", "train_grpo.max_rounds = 2", "train_grpo.num_minibatches = 2",
-              "train_grpo.buckets = (512, 1024)", "TrainerConfig.checkpoint_every = 1"]
+              "train_grpo.buckets = (512, 1024)", "TrainerConfig.checkpoint_every = 1",
+              "train_grpo.precompile = False"]
   cmd = [sys.executable, os.path.join("tests", "train", "rl_extension_run.py"), str(out),
          "--gin_file=gin_configs/runs/grpo.gin", *[f"--gin_bindings={b}" for b in bindings]]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=launch_env(env), timeout=600)
