@@ -1,6 +1,7 @@
 """Fixtures shared by the training tests: the shipped tokenizer, a small batch of expert sql episodes, and one tiny
 BC checkpoint for the RL and DPO runs that only need some BC checkpoint to start from."""
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -31,10 +32,25 @@ def batch(tokenizer):
 
 @pytest.fixture(scope="session")
 def bc_checkpoint(tmp_path_factory):
-  """MODEL_DIR of a tiny BC run (the small model, 2 steps on 8 expert sql episodes), trained once per session by
+  """MODEL_DIR of a tiny BC run (the small model, 2 steps on 8 expert sql episodes), trained once per test run by
   `launch.train` for the tests whose GRPO/DPO runs only need some BC checkpoint to start from (INIT_CHECKPOINT).
-  Those runs only read it; tests about the BC run itself train their own."""
-  model_dir = tmp_path_factory.mktemp("shared_bc") / "bc"
+  Those runs only read it; tests about the BC run itself train their own. Under pytest-xdist the workers share it:
+  the first to get here trains it while the others wait on the lock (the parent of a worker's base temporary
+  directory is the run's)."""
+  shared = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    shared = shared.parent
+  model_dir, done = shared / "shared_bc" / "bc", shared / "shared_bc" / "done"
+  model_dir.parent.mkdir(exist_ok=True)
+  with open(shared / "shared_bc.lock", "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not done.exists():
+      _train_bc(model_dir)
+      done.touch()
+  return model_dir
+
+
+def _train_bc(model_dir):
   bindings = [*SMALL_MODEL, f"MODEL_DIR = '{model_dir}'", "TRAIN_STEPS = 2", "train_bc.envs = ['sql']",
               "TaskSlices.expert_count = 8", "train_bc.batch_size = 4", "train_bc.buckets = (512,)",
               "TaskSlices.val_count = 0", "LoopConfig.eval_tasks = 0", "train_bc.curriculum_steps = 0"]
@@ -43,4 +59,3 @@ def bc_checkpoint(tmp_path_factory):
                          *[f"--gin_bindings={b}" for b in bindings]],
                         cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, f"the shared BC run failed:\n{proc.stderr[-3000:]}"
-  return model_dir
