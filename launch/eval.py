@@ -145,17 +145,6 @@ def api_engine(args: argparse.Namespace, env_factory) -> APIRolloutEngine:
                           stop=[s for s in args.stop if s])
 
 
-def env_factory_for(urls: dict[str, list[str]]):
-  """Built-in envs in process, except those given a server URL (`RemoteEnv`)."""
-
-  def make(name: str) -> Any:
-    if name in urls:
-      return envs_lib.RemoteEnv(urls[name], name)
-    return envs_lib.make(name)
-
-  return make
-
-
 def parse_env_urls(text: str) -> dict[str, list[str]]:
   """'maze=http://a:1,maze=http://b:2,wordle=http://c:3' -> {maze: [a, b], wordle: [c]}."""
   urls: dict[str, list[str]] = {}
@@ -490,7 +479,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   unknown = [n for n in names if n not in known and n not in urls]
   if unknown:
     raise SystemExit(f"unknown envs {unknown}; built-in: {known} (or serve them and pass --env_urls)")
-  env_factory = env_factory_for(urls)
+  envs_lib.serve_from(urls)  # built-in envs in process, except those given a server URL (RemoteEnv)
+  env_factory = envs_lib.make
   if args.policy == "openai":
     policy, tok = api_engine(args, env_factory), None
     source = policy.describe()

@@ -8,6 +8,7 @@
   first = env.reset_world(3, split="train")                 # the world of task 3 with no goal: an exploration
   tasks = env.hindsight_tasks()                             # what it reached, as specs with their actions
   key = env.target_key(0, "eval")                           # what a task asks on which world (decontamination)
+  evolver.envs.serve_from({"maze": "http://127.0.0.1:36001"})  # make("maze") now opens a RemoteEnv on that server
 
 No JAX here, and nothing else of evolver: the suite runs as its own service (`python -m launch.serve_env`).
 """
@@ -55,8 +56,44 @@ def env_class(name: str) -> type[TextEnv]:
   return getattr(importlib.import_module(module_name), class_name)
 
 
+# name -> (server URLs, RemoteEnv keyword arguments): the envs `make` opens on servers (`serve_from`).
+_SERVED: dict[str, tuple[list[str], dict]] = {}
+
+
+def serve_from(urls: dict[str, str | list[str]], **remote_kwargs) -> None:
+  """From now on in this process, `make(name)` opens a `RemoteEnv` on `urls[name]` (one URL or several, sessions
+  spread over them) for each name given, and the built-in env for every other name; `serve_from({})` undoes it.
+  How a training run plays served envs (gin: `served_envs.urls`, evolver.train.gin_config); `remote_kwargs` go to
+  each `RemoteEnv` (`server="agentgym"`, `timeout_s`, ...)."""
+  from evolver.envs.remote import HttpClient
+  served = {}
+  for name, where in urls.items():
+    where = [where] if isinstance(where, str) else list(where)
+    try:
+      if not where or not all(isinstance(url, str) for url in where):
+        raise ValueError("no URL")
+      for url in where:
+        HttpClient(url, timeout_s=1.0)  # parses the URL, connects to nothing
+    except ValueError as e:
+      raise EnvError(f"env {name!r}: expected a server URL or a list of them (http://HOST:PORT), got "
+                     f"{urls[name]!r} ({e})") from None
+    served[name] = (where, dict(remote_kwargs))
+  _SERVED.clear()
+  _SERVED.update(served)
+
+
+def served() -> dict[str, list[str]]:
+  """{env name: its server URLs} for the envs `make` opens on servers (`serve_from`)."""
+  return {name: list(where) for name, (where, _) in _SERVED.items()}
+
+
 def make(name: str) -> TextEnv:
-  """A fresh instance of the built-in env or benchmark `name` (call `reset(index, split)` before `step`)."""
+  """A fresh instance of the built-in env or benchmark `name`, or a `RemoteEnv` on its server when `serve_from`
+  named one (call `reset(index, split)` before `step`)."""
+  if name in _SERVED:
+    from evolver.envs.remote import RemoteEnv
+    where, kwargs = _SERVED[name]
+    return RemoteEnv(where, name, **kwargs)
   return env_class(name)()
 
 
@@ -69,4 +106,4 @@ def __getattr__(attribute: str):
 
 
 __all__ = ["Env", "EnvError", "EpisodeNotStartedError", "ExplorableEnv", "HindsightTask", "RemoteEnv", "TaskSpec",
-           "TextEnv", "benchmark_names", "env_class", "make", "names"]
+           "TextEnv", "benchmark_names", "env_class", "make", "names", "serve_from", "served"]

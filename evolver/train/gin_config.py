@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 import gin
 from gin import resource_reader
 
+import evolver.envs as envs_lib
 # Importing these registers their configurables with gin.
 from evolver.models import config as _model_config  # noqa: F401
 from evolver.train import optimizer as _optimizer  # noqa: F401
@@ -105,9 +106,24 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], search_paths: Seque
 
 
 @gin.configurable
+def served_envs(urls: dict[str, str | list[str]] | None = None, server: str = "evolver") -> dict[str, list[str]]:
+  """The envs this run plays on servers instead of in process: {env name: URL or [URLs]} (`launch.serve_env`,
+  or AgentGym's servers with `server = 'agentgym'`); every env the run makes by that name (rollouts, val and
+  held-out evaluation, task slices, self-questioning's checks) is then a `RemoteEnv` (`evolver.envs.serve_from`).
+    served_envs.urls = {'maze': ['http://10.0.0.5:36001', 'http://10.0.0.6:36001'], 'sql': 'http://10.0.0.7:36002'}
+  Returns {name: [URLs]}."""
+  envs_lib.serve_from(urls or {}, server=server)
+  return envs_lib.served()
+
+
+@gin.configurable
 def run(loop: Callable[[], object] = gin.REQUIRED) -> object:
-  """Runs the configured training loop (it takes everything else from gin). A preempted run (module docstring)
-  prints why on stderr and exits with `PREEMPTED_EXIT_STATUS`."""
+  """Runs the configured training loop (it takes everything else from gin) with the envs `served_envs` names
+  on their servers. A preempted run (module docstring) prints why on stderr and exits with
+  `PREEMPTED_EXIT_STATUS`."""
+  served = served_envs()
+  if served:
+    print(f"envs on servers: {served}", flush=True)
   try:
     return loop()
   except Preempted as e:

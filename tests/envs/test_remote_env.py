@@ -134,3 +134,41 @@ def test_a_hung_server_times_out_and_fails_the_episode():
     while not remote.done:
       _, _, _, info = remote.step(remote.expert_action())
     assert info["success"]
+
+
+def test_a_run_plays_the_envs_its_gin_serves_and_the_rest_in_process():
+  """`served_envs.urls` (gin) makes every `envs.make` of the run open those envs on their servers: rollouts, val,
+  task slices and self-questioning's checks all make envs by name."""
+  import gin
+  from evolver.envs.maze import MazeEnv
+  from evolver.envs.sql import SqlEnv
+  from evolver.train import gin_config, slices
+  seen = {}
+
+  def loop():
+    seen["maze"], seen["sql"] = envs.make("maze"), envs.make("sql")
+    seen["available"] = slices.train_tasks_available(["maze"])
+    seen["played"] = _play(seen["maze"], 2)
+    return "done"
+
+  with ServerThread("maze") as server:
+    with gin.unlock_config():
+      gin.bind_parameter("served_envs.urls", {"maze": [server.url]})
+    try:
+      assert gin_config.run(loop) == "done"
+    finally:
+      gin.clear_config()
+      envs.serve_from({})
+  assert isinstance(seen["maze"], RemoteEnv) and seen["maze"].urls == (server.url,)
+  assert isinstance(seen["sql"], SqlEnv)  # not served: in process
+  assert seen["available"] == {"maze": MazeEnv().num_tasks("train")}
+  assert seen["played"] == _play(envs.make("maze"), 2)  # the same episode as the built-in env's
+  assert isinstance(envs.make("maze"), MazeEnv) and envs.served() == {}  # serve_from({}) undid it
+
+
+@pytest.mark.parametrize("urls, message", [({"maze": "ftp://host:1"}, "env 'maze': expected a server URL"),
+                                           ({"sql": []}, "env 'sql': expected a server URL")])
+def test_served_envs_refuse_what_is_not_a_server_url(urls, message):
+  with pytest.raises(envs.EnvError, match=message):
+    envs.serve_from(urls)
+  assert envs.served() == {}  # nothing half-applied
