@@ -479,7 +479,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   unknown = [n for n in names if n not in known and n not in urls]
   if unknown:
     raise SystemExit(f"unknown envs {unknown}; built-in: {known} (or serve them and pass --env_urls)")
-  envs_lib.serve_from(urls)  # built-in envs in process, except those given a server URL (RemoteEnv)
+  with envs_lib.serving(urls):  # built-in envs in process, except those given a server URL (RemoteEnv)
+    return evaluate_and_report(args, names, planned, outputs, baseline)
+
+
+def evaluate_and_report(args: argparse.Namespace, names: list[str], planned: dict[str, dict[str, Any]],
+                        outputs: dict[str, str] | None, baseline: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+  """Loads the policy, runs the planned evaluations (and the summary, with --summarize_into), writes and prints
+  their results and the paired comparison with the baseline. Returns the requested evaluation."""
   env_factory = envs_lib.make
   if args.policy == "openai":
     policy, tok = api_engine(args, env_factory), None

@@ -8,14 +8,16 @@
   first = env.reset_world(3, split="train")                 # the world of task 3 with no goal: an exploration
   tasks = env.hindsight_tasks()                             # what it reached, as specs with their actions
   key = env.target_key(0, "eval")                           # what a task asks on which world (decontamination)
-  evolver.envs.serve_from({"maze": "http://127.0.0.1:36001"})  # make("maze") now opens a RemoteEnv on that server
+  with evolver.envs.serving({"maze": "http://127.0.0.1:36001"}):  # make("maze") opens a RemoteEnv there
 
 No JAX here, and nothing else of evolver: the suite runs as its own service (`python -m launch.serve_env`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 
 from evolver.envs.base import (Env, EnvError, EpisodeNotStartedError, ExplorableEnv, HindsightTask, TaskSpec,
                                TextEnv)
@@ -56,17 +58,19 @@ def env_class(name: str) -> type[TextEnv]:
   return getattr(importlib.import_module(module_name), class_name)
 
 
-# name -> (server URLs, RemoteEnv keyword arguments): the envs `make` opens on servers (`serve_from`).
+# name -> (server URLs, RemoteEnv keyword arguments): the envs `make` opens on servers (`serving`).
 _SERVED: dict[str, tuple[list[str], dict]] = {}
 
 
-def serve_from(urls: dict[str, str | list[str]], **remote_kwargs) -> None:
-  """From now on in this process, `make(name)` opens a `RemoteEnv` on `urls[name]` (one URL or several, sessions
-  spread over them) for each name given, and the built-in env for every other name; `serve_from({})` undoes it.
-  How a training run plays served envs (gin: `served_envs.urls`, evolver.train.gin_config); `remote_kwargs` go to
-  each `RemoteEnv` (`server="agentgym"`, `timeout_s`, ...)."""
+@contextlib.contextmanager
+def serving(urls: dict[str, str | list[str]], **remote_kwargs) -> Iterator[dict[str, list[str]]]:
+  """Within the block, `make(name)` opens a `RemoteEnv` on `urls[name]` (one URL or several, sessions spread over
+  them) for each name given, and the built-in env for every other name; leaving it restores what was served
+  before. How a training run plays served envs (gin: `served_envs.urls`, evolver.train.gin_config) and
+  `launch.eval --env_urls`; `remote_kwargs` go to each `RemoteEnv` (`server="agentgym"`, `timeout_s`, ...).
+  Every URL is checked before anything changes. Yields `served()`."""
   from evolver.envs.remote import HttpClient
-  served = {}
+  checked = {}
   for name, where in urls.items():
     where = [where] if isinstance(where, str) else list(where)
     try:
@@ -77,19 +81,25 @@ def serve_from(urls: dict[str, str | list[str]], **remote_kwargs) -> None:
     except ValueError as e:
       raise EnvError(f"env {name!r}: expected a server URL or a list of them (http://HOST:PORT), got "
                      f"{urls[name]!r} ({e})") from None
-    served[name] = (where, dict(remote_kwargs))
+    checked[name] = (where, dict(remote_kwargs))
+  before = dict(_SERVED)
   _SERVED.clear()
-  _SERVED.update(served)
+  _SERVED.update(checked)
+  try:
+    yield served()
+  finally:
+    _SERVED.clear()
+    _SERVED.update(before)
 
 
 def served() -> dict[str, list[str]]:
-  """{env name: its server URLs} for the envs `make` opens on servers (`serve_from`)."""
+  """{env name: its server URLs} for the envs `make` opens on servers (`serving`)."""
   return {name: list(where) for name, (where, _) in _SERVED.items()}
 
 
 def make(name: str) -> TextEnv:
-  """A fresh instance of the built-in env or benchmark `name`, or a `RemoteEnv` on its server when `serve_from`
-  named one (call `reset(index, split)` before `step`)."""
+  """A fresh instance of the built-in env or benchmark `name`, or a `RemoteEnv` on its server when `serving`
+  names one (call `reset(index, split)` before `step`)."""
   if name in _SERVED:
     from evolver.envs.remote import RemoteEnv
     where, kwargs = _SERVED[name]
@@ -106,4 +116,4 @@ def __getattr__(attribute: str):
 
 
 __all__ = ["Env", "EnvError", "EpisodeNotStartedError", "ExplorableEnv", "HindsightTask", "RemoteEnv", "TaskSpec",
-           "TextEnv", "benchmark_names", "env_class", "make", "names", "serve_from", "served"]
+           "TextEnv", "benchmark_names", "env_class", "make", "names", "served", "serving"]

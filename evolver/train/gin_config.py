@@ -106,14 +106,13 @@ def parse(gin_files: Sequence[str], bindings: Sequence[str], search_paths: Seque
 
 
 @gin.configurable
-def served_envs(urls: dict[str, str | list[str]] | None = None, server: str = "evolver") -> dict[str, list[str]]:
+def served_envs(urls: dict[str, str | list[str]] | None = None, server: str = "evolver") -> dict:
   """The envs this run plays on servers instead of in process: {env name: URL or [URLs]} (`launch.serve_env`,
   or AgentGym's servers with `server = 'agentgym'`); every env the run makes by that name (rollouts, val and
-  held-out evaluation, task slices, self-questioning's checks) is then a `RemoteEnv` (`evolver.envs.serve_from`).
+  held-out evaluation, task slices, self-questioning's checks) is then a `RemoteEnv` (`evolver.envs.serving`).
     served_envs.urls = {'maze': ['http://10.0.0.5:36001', 'http://10.0.0.6:36001'], 'sql': 'http://10.0.0.7:36002'}
-  Returns {name: [URLs]}."""
-  envs_lib.serve_from(urls or {}, server=server)
-  return envs_lib.served()
+  Returns `serving`'s arguments."""
+  return {"urls": urls or {}, "server": server}
 
 
 @gin.configurable
@@ -121,11 +120,11 @@ def run(loop: Callable[[], object] = gin.REQUIRED) -> object:
   """Runs the configured training loop (it takes everything else from gin) with the envs `served_envs` names
   on their servers. A preempted run (module docstring) prints why on stderr and exits with
   `PREEMPTED_EXIT_STATUS`."""
-  served = served_envs()
-  if served:
-    print(f"envs on servers: {served}", flush=True)
-  try:
-    return loop()
-  except Preempted as e:
-    print(e, file=sys.stderr, flush=True)
-    raise SystemExit(PREEMPTED_EXIT_STATUS) from None
+  with envs_lib.serving(**served_envs()) as served:
+    if served:
+      print(f"envs on servers: {served}", flush=True)
+    try:
+      return loop()
+    except Preempted as e:
+      print(e, file=sys.stderr, flush=True)
+      raise SystemExit(PREEMPTED_EXIT_STATUS) from None

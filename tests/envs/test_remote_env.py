@@ -158,17 +158,19 @@ def test_a_run_plays_the_envs_its_gin_serves_and_the_rest_in_process():
       assert gin_config.run(loop) == "done"
     finally:
       gin.clear_config()
-      envs.serve_from({})
   assert isinstance(seen["maze"], RemoteEnv) and seen["maze"].urls == (server.url,)
   assert isinstance(seen["sql"], SqlEnv)  # not served: in process
   assert seen["available"] == {"maze": MazeEnv().num_tasks("train")}
   assert seen["played"] == _play(envs.make("maze"), 2)  # the same episode as the built-in env's
-  assert isinstance(envs.make("maze"), MazeEnv) and envs.served() == {}  # serve_from({}) undid it
+  assert isinstance(envs.make("maze"), MazeEnv) and envs.served() == {}  # the run's end undid it
 
 
 @pytest.mark.parametrize("urls, message", [({"maze": "ftp://host:1"}, "env 'maze': expected a server URL"),
                                            ({"sql": []}, "env 'sql': expected a server URL")])
 def test_served_envs_refuse_what_is_not_a_server_url(urls, message):
-  with pytest.raises(envs.EnvError, match=message):
-    envs.serve_from(urls)
-  assert envs.served() == {}  # nothing half-applied
+  with envs.serving({"textcraft": "http://127.0.0.1:1"}):
+    with pytest.raises(envs.EnvError, match=message):
+      with envs.serving({"maze": "http://127.0.0.1:2", **urls}):
+        pass
+    assert envs.served() == {"textcraft": ["http://127.0.0.1:1"]}  # nothing half-applied: the outer block's
+  assert envs.served() == {}

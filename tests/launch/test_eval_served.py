@@ -1,0 +1,44 @@
+"""`launch.eval --env_urls`: an env evaluated on its server (a real `ServerThread` on loopback) plays the same
+episodes as the built-in env in process, and the evaluation leaves nothing served behind.
+
+  python -m pytest tests/launch/test_eval_served.py -q
+"""
+
+import json
+import os
+
+from evolver import envs
+from evolver.envs.server import ServerThread
+from launch import eval as eval_cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHARED_BC = os.path.join(ROOT, "evolver", "assets", "checkpoints", "bc_tiny")
+EPISODES = ["--hf_checkpoint", SHARED_BC, "--envs", "maze,wordle", "--split", "train", "--num_tasks", "2",
+            "--max_rounds", "3", "--max_new_tokens", "32"]
+
+
+def _episodes(path):
+  with open(path) as f:
+    return [{k: e[k] for k in ("env", "index", "sample", "success", "rounds", "reward") if k in e}
+            for e in json.load(f)["episodes"]]
+
+
+def test_served_env_plays_the_same_episodes_as_the_built_in_one(tmp_path, monkeypatch):
+  local = str(tmp_path / "local.json")
+  eval_cli.main([*EPISODES, "--out", local])
+  made, make = [], envs.make
+
+  def recording_make(name):
+    env = make(name)
+    made.append((name, type(env).__name__))
+    return env
+
+  monkeypatch.setattr(envs, "make", recording_make)
+  with ServerThread("maze") as server:
+    served = str(tmp_path / "served.json")
+    results = eval_cli.main([*EPISODES, "--out", served, "--env_urls", f"maze={server.url}"])
+  assert {kind for name, kind in made if name == "maze"} == {"RemoteEnv"}
+  assert {kind for name, kind in made if name == "wordle"} == {"WordleEnv"}  # not served: in process
+  assert results["envs"]["maze"]["num_episodes"] == 2
+  assert _episodes(served) == _episodes(local) and len(_episodes(local)) == 4
+  assert envs.served() == {}  # the evaluation's servers are not left behind for what runs next
