@@ -91,11 +91,32 @@ def by_start_passes(root: str) -> str:
   return "\n".join(lines) + "\n"
 
 
+def headroom(root: str) -> str:
+  """What GRPO can reach on the probe's tasks from the signal the start gives it: per env, the success if every task
+  the start solved at least once (of its k samples) were always solved and the rest stayed unsolved (a group whose
+  rewards are all equal has zero advantage: only a lucky success makes such a task trainable)."""
+  with open(os.path.join(root, "start", "step_0.json")) as f:
+    start_record = json.load(f)
+  k = int(start_record["num_samples"])
+  start = task_passes(start_record)
+  envs = sorted({env for env, _ in start}, key=lambda e: (e != "maze", e))
+  now, reach = {}, {}
+  for env in envs:
+    passes = [n for (e, _), n in start.items() if e == env]
+    now[env] = sum(passes) / (k * len(passes))
+    reach[env] = sum(n > 0 for n in passes) / len(passes)
+  overall_now, overall_reach = (sum(d.values()) / len(d) for d in (now, reach))
+  per_env = ", ".join(f"{env} {now[env]:.3f} -> {reach[env]:.3f}" for env in envs)
+  return (f"Headroom from the start's signal: every task the start solved at least once (of {k}) always solved, the "
+          f"others never: {per_env}; overall {overall_now:.3f} -> {overall_reach:.3f} "
+          f"({overall_reach - overall_now:+.3f}). A gain beyond it needs tasks the start never solved in {k} samples.\n")
+
+
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("root", help="the probe's records: start/step_0.json and POINT/seed=S/ jobs")
   root = parser.parse_args(argv).root
-  text = table(root) + "\n" + by_start_passes(root)
+  text = table(root) + "\n" + by_start_passes(root) + "\n" + headroom(root)
   with open(os.path.join(root, "probe.md"), "w") as f:
     f.write(text)
   print(text)
