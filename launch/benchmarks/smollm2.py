@@ -13,6 +13,10 @@ transformers directory (`evolver.models.gguf.smollm2_checkpoint`, in the cache),
   itself, by launch.train's code path in a fresh process without val; its peak resident memory (that process's
   ru_maxrss, GB).
 
+- the kernels' ceiling (`launch.benchmarks.dot_ceiling`): the model's MLP matmul chain alone at the decode's rows
+  (the largest batch) and the train step's (batch x seq), XLA's dot against PyTorch's: `kernel_speedup_decode` and
+  `kernel_speedup_train` bound what the compute-bound sampler and train step can reach over PyTorch.
+
 `speedup` is the sampler's at batch 32 (else the largest batch run). `goals` holds each goal (sampler >= 2x at batch
 1 and >= 2.5x at batch 32, train step >= 1.5x, the GRPO step's peak <= 12 GB) with its value and whether it is met
 (None where not measured); `goals_met` is true when every goal was measured and met.
@@ -25,10 +29,11 @@ transformers directory (`evolver.models.gguf.smollm2_checkpoint`, in the cache),
 """
 
 import argparse
+import json
 import os
 from collections.abc import Sequence
 
-from launch.benchmarks import common, rl_step, sampler, train
+from launch.benchmarks import common, dot_ceiling, rl_step, sampler, train
 
 RL_RECIPE = ("gin_configs/smollm2/grpo.gin",)
 RL_ENVS = "maze,babyai"  # the recorded figures' (results/benchmarks/smollm2.json); grpo.gin trains maze and sql
@@ -77,6 +82,7 @@ def run(args: list[str]) -> dict:
   parser.add_argument("--train_batch", type=int, default=4)
   parser.add_argument("--train_seq", type=int, default=512)
   parser.add_argument("--train_torch_threads", type=int, default=os.cpu_count() or 1)
+  parser.add_argument("--skip_dot_ceiling", action="store_true", help="no matmul-kernel ceiling")
   parser.add_argument("--skip_rl_step", action="store_true", help="no GRPO step (peak_rss_gb is None)")
   parser.add_argument("--rl_gin_bindings", action="append", default=[],
                       help="extra bindings for the GRPO step (e.g. train_grpo.tasks_per_step=2)")
@@ -101,6 +107,18 @@ def run(args: list[str]) -> dict:
                        torch_threads=opts.train_torch_threads, model_desc=desc, mfu=False)
   result.update({f"train_{k}": v for k, v in step.items()}, train_batch=opts.train_batch, train_seq=opts.train_seq)
 
+  result.update(kernel_speedup_decode=None, kernel_speedup_train=None)
+  if not opts.skip_dot_ceiling:
+    with open(os.path.join(ckpt, "config.json")) as f:
+      config = json.load(f)
+    decode_rows, train_rows = top, opts.train_batch * opts.train_seq
+    dots = dot_ceiling.compare([decode_rows, train_rows], hidden=config["hidden_size"],
+                               intermediate=config["intermediate_size"], layers=config["num_hidden_layers"],
+                               repeats=opts.repeats, torch_threads=[int(t) for t in opts.torch_threads.split(",")],
+                               title=desc)
+    result.update(kernel_speedup_decode=dots[f"dot_ratio_{decode_rows}"],
+                  kernel_speedup_train=dots[f"dot_ratio_{train_rows}"], kernel=dots)
+
   result.update(peak_rss_gb=None, rl_step_s=None, rl_rollout_s=None, rl_update_s=None,
                 rl_gin_bindings=opts.rl_gin_bindings)
   if not opts.skip_rl_step:
@@ -110,4 +128,8 @@ def run(args: list[str]) -> dict:
   common.print_table(f"Goals ({desc})", ["figure", "goal", "value", "met"],
                      [[name, g["target"], "-" if g["value"] is None else f"{g['value']:.2f}",
                        "not measured" if g["met"] is None else g["met"]] for name, g in result["goals"].items()])
+  if result["kernel_speedup_decode"] is not None:
+    print(f"the kernels' ceiling: {result['kernel_speedup_decode']:.2f}x on the decode's matmuls (speedup_b{top} "
+          f"{result['speedup']:.2f}x), {result['kernel_speedup_train']:.2f}x on the train step's (train_speedup "
+          f"{result['train_speedup']:.2f}x)")
   return result

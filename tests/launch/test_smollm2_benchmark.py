@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 from evolver.models import gguf  # noqa: E402
 from launch import benchmark  # noqa: E402
 from launch.benchmarks import common as benchmark_common  # noqa: E402
-from launch.benchmarks import rl_step, smollm2  # noqa: E402
+from launch.benchmarks import dot_ceiling, rl_step, smollm2  # noqa: E402
 
 # Every figure at its smallest: one timed run, batches 1 and 2, 4 new tokens, a 1 x 16 train step, one setting a side.
 SMALL = ["--repeats", "1", "--batches", "1,2", "--new_tokens", "4", "--torch_threads", "1", "--jax_settings",
@@ -49,6 +49,13 @@ def test_suite_runs_small_and_reports_every_field(tiny_smollm2, monkeypatch, cap
     return {"rows": [{"time/rollout_s": 2.0, "time/update_s": 1.0}], "peak_rss_gb": 3.5}
 
   monkeypatch.setattr(rl_step, "measure_steps", fake_steps)
+  ceilings = []
+
+  def fake_ceiling(rows, **kwargs):  # its own processes: tests/launch/test_dot_ceiling.py
+    ceilings.append((rows, kwargs))
+    return {f"dot_ratio_{r}": 1.0 + r / 100 for r in rows}
+
+  monkeypatch.setattr(dot_ceiling, "compare", fake_ceiling)
   result = benchmark.main(["--suite", "smollm2", *SMALL, "--rl_gin_bindings=train_grpo.group_size = 2"])
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result  # the last line is the JSON
   assert result["suite"] == "smollm2" and result["unit"] == "tokens/s" and result["checkpoint"] == tiny_smollm2
@@ -69,6 +76,13 @@ def test_suite_runs_small_and_reports_every_field(tiny_smollm2, monkeypatch, cap
   assert steps[0]["gin_bindings"] == [f"SMOLLM2 = {tiny_smollm2!r}", "HF_CHECKPOINT = %SMOLLM2",
                                       "train_grpo.group_size = 2"]
   assert (result["peak_rss_gb"], result["rl_step_s"]) == (3.5, 3.0)
+  # The kernels' ceiling at the model's own shapes: the decode's rows (the largest batch) and the train step's.
+  with open(os.path.join(tiny_smollm2, "config.json")) as f:
+    config = json.load(f)
+  assert ceilings == [([2, 16], {"hidden": config["hidden_size"], "intermediate": config["intermediate_size"],
+                                 "layers": config["num_hidden_layers"], "repeats": 1, "torch_threads": [1],
+                                 "title": "SmolLM2-135M-Instruct"})]
+  assert (result["kernel_speedup_decode"], result["kernel_speedup_train"]) == (1.02, 1.16)
   goals = result["goals"]
   assert set(goals) == set(smollm2.GOALS)
   assert goals["speedup_b32"] == {"target": ">= 2.5", "value": None, "met": None}
