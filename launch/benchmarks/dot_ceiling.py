@@ -9,7 +9,7 @@ on all cores, PyTorch eager (no grad) at each thread count, each side in its own
 seconds / JAX's) is the kernels' speedup at that shape: an end-to-end figure near it leaves nothing above the
 kernels to optimise.
 
-  python -m launch.benchmarks.dot_ceiling                    # SmolLM2-135M's shapes: rows 32 (decode) and 2048
+  python -m launch.benchmark --suite dot_ceiling    # SmolLM2-135M's shapes: rows 32 (decode) and 2048 (train)
 """
 
 from __future__ import annotations
@@ -106,22 +106,25 @@ def compare(rows: Sequence[int] = ROWS, *, hidden: int, intermediate: int, layer
   return result
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--rows", default=",".join(str(r) for r in ROWS))
+def run(args: Sequence[str]) -> dict:
+  parser = argparse.ArgumentParser(prog="launch.benchmark --suite dot_ceiling", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--rows", default=",".join(str(r) for r in ROWS), help="row counts, comma-separated")
   parser.add_argument("--repeats", type=int, default=3)
-  args = parser.parse_args(argv)
-  result = compare([int(r) for r in args.rows.split(",")], repeats=args.repeats, **SMOLLM2)
-  print(json.dumps(result))
-  return result
+  parser.add_argument("--torch_threads", default="1,2")
+  opts = parser.parse_args(args)
+  rows = [int(r) for r in opts.rows.split(",")]
+  result = compare(rows, repeats=opts.repeats, torch_threads=[int(t) for t in opts.torch_threads.split(",")],
+                   **SMOLLM2)
+  first = rows[0]
+  return {"suite": "dot_ceiling", "unit": "GFLOP/s", "ours": result[f"dot_gflops_ours_{first}"],
+          "peer": result[f"dot_gflops_peer_{first}"], "speedup": result[f"dot_ratio_{first}"], "rows": rows,
+          **SMOLLM2, **result}
 
 
 if __name__ == "__main__":
-  if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-    kind, numbers = sys.argv[2], [int(v) for v in sys.argv[3:]]
-    if kind == "jax":
-      print(json.dumps(_worker_jax(*numbers[:6])))
-    else:
-      print(json.dumps(_worker_torch(*numbers[:6], threads=numbers[6])))
+  kind, numbers = sys.argv[2], [int(v) for v in sys.argv[3:]]  # a worker: --worker jax|torch ROWS ... [THREADS]
+  if kind == "jax":
+    print(json.dumps(_worker_jax(*numbers[:6])))
   else:
-    main()
+    print(json.dumps(_worker_torch(*numbers[:6], threads=numbers[6])))

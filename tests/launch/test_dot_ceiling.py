@@ -6,6 +6,9 @@ seconds over ours (the figures themselves are measured by `launch.benchmark --su
 
 import math
 
+import pytest
+
+from launch import benchmark
 from launch.benchmarks import dot_ceiling
 
 
@@ -23,3 +26,15 @@ def test_the_ceiling_times_both_sides_on_the_same_chain(capsys):
 def test_a_chain_is_the_flops_of_its_two_matmuls_per_layer():
   assert dot_ceiling._flops(rows=32, hidden=576, intermediate=1536, layers=30) == 2 * 2 * 32 * 576 * 1536 * 30
   assert dot_ceiling._steps_for(32) == 200 and dot_ceiling._steps_for(2048) == 3
+
+
+def test_it_is_a_suite_and_the_helpers_are_not():
+  suites = benchmark.available_suites()
+  assert "dot_ceiling" in suites and "smollm2" in suites and "common" not in suites
+  with pytest.raises(SystemExit):
+    benchmark.main(["--suite", "common"])
+
+
+def test_results_name_the_machine_they_ran_on():
+  m = benchmark.machine()
+  assert m["cpu"] and m["cores"] >= 1 and m["vector_isa"] in ("avx512f", "avx2", "avx", "neon", "asimd", "unknown")
