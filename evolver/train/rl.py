@@ -14,8 +14,9 @@ One RL step (`grpo_step`):
   4. advantages: `advantage_fn` gives one value per sampled turn (GRPO: the episode's group-normalised reward on
      every turn), broadcast to that turn's sampled tokens;
      a group with fewer than two scored episodes has no baseline and trains nothing (`rollout/lone_groups`);
-  5. log-probabilities: the behaviour policy's (`old_logp`, recomputed with the training forward) and the frozen
-     reference's (`ref_logp`, a `param_dtype` copy of the starting policy, sharded like it);
+  5. log-probabilities: the behaviour policy's (`old_logp`: recomputed with the training forward, or, with
+     `old_logp = "sampler"` and no off-policy token in the step, the sampler's own, which are the same numbers)
+     and the frozen reference's (`ref_logp`, a `param_dtype` copy of the starting policy, sharded like it);
   6. updates: `ppo_epochs` x `num_minibatches` HET-PPO updates (+ kl_coef * k3 KL to the reference
      - entropy_coeff * H), each minibatch padded with zero-mask rows to split over the data-parallel devices;
   7. `after_step` of each extension with the step's rollouts (collecting what `before_update` started).
@@ -325,15 +326,24 @@ def with_peers(rollouts: Sequence[Rollout]) -> tuple[list[Rollout], int]:
   return [r for r in rollouts if sizes[r.group] >= 2], sum(n < 2 for n in sizes.values())
 
 
+OLD_LOGP_SOURCES = ("recompute", "sampler")
+
+
 def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequence[Rollout],
                 tokenizer: PreTrainedTokenizerBase, *, advantage_fn: advantages_lib.AdvantageFn,
                 buckets: Sequence[int], ppo_epochs: int, num_minibatches: int, rng: np.random.Generator,
                 head_chunk_rows: int | None = None, step: int = 0,
-                minibatch_order: str = "random", max_rows: int | None = None) -> dict[str, Any]:
+                minibatch_order: str = "random", max_rows: int | None = None,
+                old_logp: str = "recompute") -> dict[str, Any]:
   """Steps 4-6 of an RL step on its scored rollouts: per-turn advantages, the behaviour and reference
   log-probabilities, and the HET-PPO updates (`ppo_epochs * num_minibatches` of them; when no group has two
   scored episodes, none, but the trainer's step still advances by that many). With `max_rows` (the most rollouts
   a step can have), every scoring chunk and update is padded to `update_rows` of it: the same programs each step.
+  `old_logp` (`OLD_LOGP_SOURCES`): "recompute" scores the batch with the policy's parameters (verl's
+  `old_log_prob`); "sampler" takes the log-probabilities the sampler recorded for the sampled tokens (under the raw
+  distribution, the same policy: `behaviour_logp_gap` measured ~1e-8 per token on the tiny default), skipping that
+  forward pass, unless a token of the step is off-policy (`exp_mask`: sampled with experience in its prompt and
+  trained without it, whose old log-probability HET-PPO takes without it), when the step recomputes.
   Returns the step's metrics."""
   trained, lone = with_peers(rollouts)
   row: dict[str, Any] = {"rollout/lone_groups": lone}
@@ -347,7 +357,12 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   row["time/credit_s"] = time.perf_counter() - started
   batch = batching.batch_trajectories(trained, tokenizer, buckets=buckets, advantages=per_turn, truncate=True)
   rows = None if max_rows is None else update_rows(max_rows, num_minibatches, minibatch_multiple(trainer))
-  for key, params in (("old_logp", trainer.state.params), ("ref_logp", ref_params)):
+  from_sampler = old_logp == "sampler" and not batch["exp_mask"].any()
+  row["old_logp/from_sampler"] = float(from_sampler)
+  if from_sampler:
+    batch["old_logp"] = batch["logprobs"] * batch["loss_mask"]
+  scored = [("old_logp", trainer.state.params)] if not from_sampler else []
+  for key, params in scored + [("ref_logp", ref_params)]:
     started = time.perf_counter()
     batch[key] = behaviour_logprobs(trainer.graphdef, params, batch, buckets, num_minibatches, head_chunk_rows,
                                     chunk_rows=rows, mesh=trainer.mesh)
@@ -361,8 +376,9 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   row["update/param_change"] = float(relative_change(trainer.state.params, before))
   del before
   row["time/ppo_s"] = time.perf_counter() - started
-  row["behaviour_logp_gap"] = float(np.sum((batch["old_logp"] - batch["logprobs"]) * batch["loss_mask"])
-                                    / max(float(batch["loss_mask"].sum()), 1.0))
+  if not from_sampler:  # (taken from the sampler, the gap is 0 by construction)
+    row["behaviour_logp_gap"] = float(np.sum((batch["old_logp"] - batch["logprobs"]) * batch["loss_mask"])
+                                      / max(float(batch["loss_mask"].sum()), 1.0))
   row["exp_tokens"] = float(batch["exp_mask"].sum())
   return row
 
@@ -378,7 +394,8 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
                extensions: Sequence[RLExtension] = (), record_expert_actions: bool = False,
                head_chunk_rows: int | None = None, minibatch_order: str = "random",
                task_source: curriculum_lib.UniformTasks | None = None, dynamic_sampling_rounds: int = 0,
-               precompile: bool = True, tokenizer_path: str | None = None) -> dict[str, Any]:
+               precompile: bool = True, old_logp: str = "recompute",
+               tokenizer_path: str | None = None) -> dict[str, Any]:
   """Runs (or resumes) GRPO from a BC run or a transformers checkpoint. Returns the final `eval` results (empty
   when LoopConfig.eval_tasks is 0).
 
@@ -406,7 +423,11 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
     precompile: in the first step, compile every sampler program later steps can meet and the update's programs
       at every bucket, so that no later step compiles; False compiles each program when a step first meets it
       (a run of a few steps meets fewer of them).
+    old_logp: where the behaviour log-probabilities come from (`grpo_update`): "recompute" (a scoring pass) or
+      "sampler" (the rollout's own, where no token is off-policy: one forward pass of the batch less a step).
   """
+  if old_logp not in OLD_LOGP_SOURCES:
+    raise ValueError(f"old_logp must be one of {OLD_LOGP_SOURCES}, got {old_logp!r}")
   if not init_checkpoint and not hf_checkpoint:
     raise ValueError("GRPO continues a policy: set INIT_CHECKPOINT to a BC run's MODEL_DIR, e.g. "
                      "--gin_bindings=\"INIT_CHECKPOINT='runs/bc'\", or HF_CHECKPOINT to a transformers checkpoint "
@@ -507,7 +528,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
     row.update(grpo_update(trainer, ref_params, kept, tokenizer, advantage_fn=advantage_fn, buckets=buckets,
                            ppo_epochs=ppo_epochs, num_minibatches=num_minibatches,
                            rng=np.random.default_rng([seed, step + 1, 1]), head_chunk_rows=head_chunk_rows,
-                           step=step, minibatch_order=minibatch_order, max_rows=max_rows))
+                           step=step, minibatch_order=minibatch_order, max_rows=max_rows, old_logp=old_logp))
     row["time/update_s"] = time.perf_counter() - started  # advantages, old/reference logprobs, the PPO updates
     row["loss"] = row.get("loss", float("nan"))
     row.update(prefixed("curriculum", task_source.observe(trajectories)))

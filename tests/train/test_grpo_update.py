@@ -173,6 +173,43 @@ def test_precompiled_updates_compile_nothing_and_pad_rows_without_changing_the_u
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_the_sampler_s_logprobs_stand_in_for_the_recomputed_ones_unless_a_token_is_off_policy(step_rollouts,
+                                                                                             tmp_path):
+  tokenizer, model, rollouts = step_rollouts
+
+  def update(name, old_logp, rolled):
+    """One update of the rollouts' own policy (a copy): the sampler's log-probabilities are this policy's."""
+    trainer = Trainer(str(tmp_path / name), nnx.clone(model),
+                      optimizer_lib.make_optimizer(10, learning_rate=1e-3, warmup_steps=0, decay="constant"),
+                      functools.partial(rl.het_ppo_loss_fn, kl_coef=0.01),
+                      config=TrainerConfig(async_checkpoint=False), devices=jax.devices()[:1])
+    before = jax.tree.map(lambda x: np.asarray(x, np.float64), trainer.state.params)
+    row = rl.grpo_update(trainer, trainer.policy_params(), rolled, tokenizer,
+                         advantage_fn=advantages.grpo_turn_advantages, buckets=(512, 1024), ppo_epochs=1,
+                         num_minibatches=2, rng=np.random.default_rng(0), old_logp=old_logp)
+    delta = jax.tree.map(lambda x, b: np.asarray(x, np.float64) - b, trainer.state.params, before)
+    trainer.close()
+    return row, delta
+
+  recomputed, recomputed_delta = update("recompute", "recompute", rollouts)
+  reused, reused_delta = update("sampler", "sampler", rollouts)
+  assert abs(recomputed["behaviour_logp_gap"]) < 1e-4  # what makes them interchangeable
+  assert (recomputed["old_logp/from_sampler"], reused["old_logp/from_sampler"]) == (0.0, 1.0)
+  assert "time/old_logp_s" in recomputed and "time/old_logp_s" not in reused and "behaviour_logp_gap" not in reused
+  for key in ("loss", "pg_loss", "kl_ref", "approx_kl", "clipfrac", "num_tokens"):
+    np.testing.assert_allclose(reused[key], recomputed[key], rtol=1e-4, atol=1e-6, err_msg=key)
+  # The same update up to float noise, which Adam magnifies where a gradient is near zero (a few elements of ~1e-4
+  # differ by ~5e-5: this policy's 30x head puts its logits near 100, where float32 rounding alone is ~1e-5).
+  d_reused = np.concatenate([x.ravel() for x in jax.tree.leaves(reused_delta)])
+  d_recomputed = np.concatenate([x.ravel() for x in jax.tree.leaves(recomputed_delta)])
+  assert np.linalg.norm(d_reused - d_recomputed) / np.linalg.norm(d_recomputed) < 1e-3
+  # Rolled out with experience that was stripped (exp_mask 1): HET-PPO's old log-probability is the policy's without
+  # the experience, which the sampler never computed: the step recomputes.
+  off_policy = [dataclasses.replace(r, experience={"exp_mask": 1}) for r in rollouts]
+  row, _ = update("off_policy", "sampler", off_policy)
+  assert row["old_logp/from_sampler"] == 0.0 and "time/old_logp_s" in row and row["off_policy_fraction"] == 1.0
+
+
 def test_update_batches_split_over_devices_and_microbatches(tmp_path):
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 fake devices")

@@ -36,8 +36,11 @@ GRPO = ["train_grpo.envs = ['sql', 'maze']", "train_grpo.tasks_per_step = 2", "t
 STEPS = 2
 # Rollout figures are computed on the same gathered trajectories: equal. Losses and parameters: the same math
 # over a mesh whose devices sit in two processes (reductions in another order).
-EQUAL_KEYS = ("rollout/success", "rollout/reward", "rollout/turns", "rollout/sampled_tokens", "exp_tokens")
-CLOSE_KEYS = ("loss", "pg_loss_on", "kl_ref", "entropy", "behaviour_logp_gap")
+# The behaviour log-probabilities are the gathered episodes' own (the shipped recipe's `old_logp = 'sampler'`; the
+# reference's still come from the scoring pass over the mesh).
+EQUAL_KEYS = ("rollout/success", "rollout/reward", "rollout/turns", "rollout/sampled_tokens", "exp_tokens",
+              "old_logp/from_sampler")
+CLOSE_KEYS = ("loss", "pg_loss_on", "kl_ref", "entropy")
 ATOL = 1e-5
 
 
@@ -105,7 +108,7 @@ def test_a_grpo_step_on_2_processes_equals_1_process(bc_checkpoint, tmp_path):
   for row_single, row_multi in zip(single, multi):
     for key in EQUAL_KEYS:
       assert row_multi[key] == row_single[key], key
-    assert row_single["rollout/sampled_tokens"] > 0
+    assert row_single["rollout/sampled_tokens"] > 0 and row_single["old_logp/from_sampler"] == 1
     for key in CLOSE_KEYS:
       np.testing.assert_allclose(row_multi[key], row_single[key], atol=ATOL, err_msg=key)
   assert single[1]["kl_ref"] > 0  # the second step's policy is not the reference
