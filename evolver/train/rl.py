@@ -343,7 +343,8 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   `old_log_prob`); "sampler" takes the log-probabilities the sampler recorded for the sampled tokens (under the raw
   distribution, the same policy: `behaviour_logp_gap` measured ~1e-8 per token on the tiny default), skipping that
   forward pass, unless a token of the step is off-policy (`exp_mask`: sampled with experience in its prompt and
-  trained without it, whose old log-probability HET-PPO takes without it), when the step recomputes.
+  trained without it, whose old log-probability HET-PPO takes without it) or the sampler's copy of the policy is
+  not float32 (a bf16 copy's numbers are not the master weights'), when the step recomputes.
   Returns the step's metrics."""
   trained, lone = with_peers(rollouts)
   row: dict[str, Any] = {"rollout/lone_groups": lone}
@@ -357,7 +358,9 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   row["time/credit_s"] = time.perf_counter() - started
   batch = batching.batch_trajectories(trained, tokenizer, buckets=buckets, advantages=per_turn, truncate=True)
   rows = None if max_rows is None else update_rows(max_rows, num_minibatches, minibatch_multiple(trainer))
-  from_sampler = old_logp == "sampler" and not batch["exp_mask"].any()
+  # The sampler runs a `param_dtype` copy of the policy: only a float32 copy is the master weights themselves.
+  from_sampler = (old_logp == "sampler" and not batch["exp_mask"].any()
+                  and jnp.dtype(trainer.param_dtype) == jnp.float32)
   row["old_logp/from_sampler"] = float(from_sampler)
   if from_sampler:
     batch["old_logp"] = batch["logprobs"] * batch["loss_mask"]

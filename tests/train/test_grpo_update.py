@@ -177,9 +177,10 @@ def test_the_sampler_s_logprobs_stand_in_for_the_recomputed_ones_unless_a_token_
                                                                                              tmp_path):
   tokenizer, model, rollouts = step_rollouts
 
-  def update(name, old_logp, rolled):
-    """One update of the rollouts' own policy (a copy): the sampler's log-probabilities are this policy's."""
-    trainer = Trainer(str(tmp_path / name), nnx.clone(model),
+  def update(name, old_logp, rolled, policy=None):
+    """One update of the rollouts' own policy (a copy; or `policy`): the sampler's log-probabilities are this
+    policy's."""
+    trainer = Trainer(str(tmp_path / name), policy or nnx.clone(model),
                       optimizer_lib.make_optimizer(10, learning_rate=1e-3, warmup_steps=0, decay="constant"),
                       functools.partial(rl.het_ppo_loss_fn, kl_coef=0.01),
                       config=TrainerConfig(async_checkpoint=False), devices=jax.devices()[:1])
@@ -208,6 +209,9 @@ def test_the_sampler_s_logprobs_stand_in_for_the_recomputed_ones_unless_a_token_
   off_policy = [dataclasses.replace(r, experience={"exp_mask": 1}) for r in rollouts]
   row, _ = update("off_policy", "sampler", off_policy)
   assert row["old_logp/from_sampler"] == 0.0 and "time/old_logp_s" in row and row["off_policy_fraction"] == 1.0
+  # A bf16 sampling copy's numbers are not the float32 master weights': the step recomputes.
+  row, _ = update("bf16", "sampler", rollouts, policy=make_model(bf16(model.config), seed=0))
+  assert row["old_logp/from_sampler"] == 0.0 and "time/old_logp_s" in row
 
 
 def test_update_batches_split_over_devices_and_microbatches(tmp_path):
