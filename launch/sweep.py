@@ -39,8 +39,8 @@ of its log and the others go on; the exit status is the number of failed jobs (0
 At the end `--report` runs. `--archive DIR` copies each finished job's records (no checkpoints) to DIR/POINT/seed=S
 with the sweep's definition, and a job done there is not run again (unless a job still to run starts from it).
 
-Cluster runs: `--dry_run` prints exactly one shell command line per job on stdout and nothing else there (the
-`launch.train` command, to run in the repository root); `--emit slurm` writes ROOT/sweep.slurm (a job array, one
+Cluster runs: `--dry_run` prints exactly one shell command line per job still to run (not done here or in the
+archive) on stdout and nothing else there (the `launch.train` command, to run in the repository root); `--emit slurm` writes ROOT/sweep.slurm (a job array, one
 task per job, each running the job's command.sh; chained sweeps get one array per stage, submitted with
 `--dependency=afterok`), `--emit tpu` writes ROOT/tpu_jobs.sh (one `launch/tpu_pod.sh` command per job; ROOT should
 then be a gs:// directory the pod's workers share). `--report` reads whatever those jobs wrote, local or gs://.
@@ -512,6 +512,16 @@ class Progress:
       bar.close()
 
 
+def done_jobs(jobs: Sequence[Job], archive: str | None = None) -> set[str]:
+  """The names of the jobs that need not run: done in their directory (as seen from here) or in the archive, except
+  a job done only in the archive that a job still to run starts from (its checkpoint is needed here again)."""
+  by_name = {job.name: job for job in jobs}
+  archived = {job.name for job in jobs if archive and is_done(os.path.join(archive, job.name))}
+  done = {job.name for job in jobs if is_done(job.directory)} | archived
+  needed = {job.depends_on for job in jobs if job.depends_on and job.name not in done}
+  return done - {name for name in needed if not is_done(by_name[name].directory)}
+
+
 def run_local(jobs: Sequence[Job], max_jobs: int, archive: str | None = None,
               command: Callable[[Job], list[str]] | None = None, poll_s: float = 1.0) -> dict[str, str]:
   """Runs the jobs not yet done, at most `max_jobs` at once, dependencies first (module docstring).
@@ -528,11 +538,7 @@ def run_local(jobs: Sequence[Job], max_jobs: int, archive: str | None = None,
   """
   command = command or (lambda job: job.train_command(sys.executable))
   by_name = {job.name: job for job in jobs}
-  archived = {job.name for job in jobs if archive and is_done(os.path.join(archive, job.name))}
-  done = {job.name for job in jobs if is_done(job.directory)} | archived
-  # A job done only in the archive has no checkpoint here: a job still to run that starts from it needs it again.
-  needed = {job.depends_on for job in jobs if job.depends_on and job.name not in done}
-  done -= {name for name in needed if not is_done(by_name[name].directory)}
+  done = done_jobs(jobs, archive)
   states = {job.name: ("done" if job.name in done else "waiting") for job in jobs}
   progress = Progress(jobs, states)
   running: dict[str, tuple[subprocess.Popen, float, Any]] = {}
@@ -739,8 +745,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as error:
     raise SystemExit(f"launch.sweep: {error}") from None
   if args.dry_run:
+    done = set() if "://" in root else done_jobs(
+        [dataclasses.replace(job, directory=os.path.join(ROOT, job.directory)) for job in jobs],
+        os.path.abspath(args.archive) if args.archive else None)
     for job in jobs:
-      print(shlex.join(job.train_command()))
+      if job.name not in done:
+        print(shlex.join(job.train_command()))
     return 0
   local_root = os.path.join(ROOT, root) if "://" not in root and not os.path.isabs(root) else root
   if "://" not in root:
