@@ -329,6 +329,13 @@ def with_peers(rollouts: Sequence[Rollout]) -> tuple[list[Rollout], int]:
 OLD_LOGP_SOURCES = ("recompute", "sampler")
 
 
+def old_logp_from_sampler(old_logp: str, exp_mask: np.ndarray, param_dtype: Any) -> bool:
+  """Whether a step's behaviour log-probabilities can be the sampler's (`grpo_update`): asked for ("sampler"), no
+  off-policy token (`exp_mask` `[B, T]` all 0), and the sampler's copy of the policy in float32 (`param_dtype`:
+  only a float32 copy is the master weights themselves)."""
+  return old_logp == "sampler" and not np.any(exp_mask) and jnp.dtype(param_dtype) == jnp.float32
+
+
 def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequence[Rollout],
                 tokenizer: PreTrainedTokenizerBase, *, advantage_fn: advantages_lib.AdvantageFn,
                 buckets: Sequence[int], ppo_epochs: int, num_minibatches: int, rng: np.random.Generator,
@@ -358,9 +365,7 @@ def grpo_update(trainer: trainer_lib.Trainer, ref_params: Any, rollouts: Sequenc
   row["time/credit_s"] = time.perf_counter() - started
   batch = batching.batch_trajectories(trained, tokenizer, buckets=buckets, advantages=per_turn, truncate=True)
   rows = None if max_rows is None else update_rows(max_rows, num_minibatches, minibatch_multiple(trainer))
-  # The sampler runs a `param_dtype` copy of the policy: only a float32 copy is the master weights themselves.
-  from_sampler = (old_logp == "sampler" and not batch["exp_mask"].any()
-                  and jnp.dtype(trainer.param_dtype) == jnp.float32)
+  from_sampler = old_logp_from_sampler(old_logp, batch["exp_mask"], trainer.param_dtype)
   row["old_logp/from_sampler"] = float(from_sampler)
   if from_sampler:
     batch["old_logp"] = batch["logprobs"] * batch["loss_mask"]

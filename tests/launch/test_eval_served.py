@@ -13,7 +13,7 @@ from launch import eval as eval_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_BC = os.path.join(ROOT, "evolver", "assets", "checkpoints", "bc_tiny")
-EPISODES = ["--hf_checkpoint", SHARED_BC, "--envs", "maze,wordle", "--split", "train", "--num_tasks", "2",
+EPISODES = ["--hf_checkpoint", SHARED_BC, "--envs", "maze,wordle", "--split", "train", "--num_tasks", "1",
             "--max_rounds", "3", "--max_new_tokens", "32"]
 
 
@@ -39,6 +39,6 @@ def test_served_env_plays_the_same_episodes_as_the_built_in_one(tmp_path, monkey
     results = eval_cli.main([*EPISODES, "--out", served, "--env_urls", f"maze={server.url}"])
   assert {kind for name, kind in made if name == "maze"} == {"RemoteEnv"}
   assert {kind for name, kind in made if name == "wordle"} == {"WordleEnv"}  # not served: in process
-  assert results["envs"]["maze"]["num_episodes"] == 2
-  assert _episodes(served) == _episodes(local) and len(_episodes(local)) == 4
+  assert results["envs"]["maze"]["num_episodes"] == 1
+  assert _episodes(served) == _episodes(local) and len(_episodes(local)) == 2
   assert envs.served() == {}  # the evaluation's servers are not left behind for what runs next

@@ -177,10 +177,9 @@ def test_the_sampler_s_logprobs_stand_in_for_the_recomputed_ones_unless_a_token_
                                                                                              tmp_path):
   tokenizer, model, rollouts = step_rollouts
 
-  def update(name, old_logp, rolled, policy=None):
-    """One update of the rollouts' own policy (a copy; or `policy`): the sampler's log-probabilities are this
-    policy's."""
-    trainer = Trainer(str(tmp_path / name), policy or nnx.clone(model),
+  def update(name, old_logp, rolled):
+    """One update of the rollouts' own policy (a copy): the sampler's log-probabilities are this policy's."""
+    trainer = Trainer(str(tmp_path / name), nnx.clone(model),
                       optimizer_lib.make_optimizer(10, learning_rate=1e-3, warmup_steps=0, decay="constant"),
                       functools.partial(rl.het_ppo_loss_fn, kl_coef=0.01),
                       config=TrainerConfig(async_checkpoint=False), devices=jax.devices()[:1])
@@ -205,13 +204,14 @@ def test_the_sampler_s_logprobs_stand_in_for_the_recomputed_ones_unless_a_token_
   d_recomputed = np.concatenate([x.ravel() for x in jax.tree.leaves(recomputed_delta)])
   assert np.linalg.norm(d_reused - d_recomputed) / np.linalg.norm(d_recomputed) < 1e-3
   # Rolled out with experience that was stripped (exp_mask 1): HET-PPO's old log-probability is the policy's without
-  # the experience, which the sampler never computed: the step recomputes.
-  off_policy = [dataclasses.replace(r, experience={"exp_mask": 1}) for r in rollouts]
-  row, _ = update("off_policy", "sampler", off_policy)
-  assert row["old_logp/from_sampler"] == 0.0 and "time/old_logp_s" in row and row["off_policy_fraction"] == 1.0
-  # A bf16 sampling copy's numbers are not the float32 master weights': the step recomputes.
-  row, _ = update("bf16", "sampler", rollouts, policy=make_model(bf16(model.config), seed=0))
-  assert row["old_logp/from_sampler"] == 0.0 and "time/old_logp_s" in row
+  # the experience, which the sampler never computed. And a bf16 sampling copy's numbers are not the float32 master
+  # weights'. Either way the step recomputes.
+  on_policy, one_off = np.zeros([2, 8], np.float32), np.zeros([2, 8], np.float32)
+  one_off[1, 5] = 1.0
+  assert rl.old_logp_from_sampler("sampler", on_policy, "float32")
+  assert not rl.old_logp_from_sampler("sampler", one_off, "float32")
+  assert not rl.old_logp_from_sampler("sampler", on_policy, "bfloat16")
+  assert not rl.old_logp_from_sampler("recompute", on_policy, "float32")
 
 
 def test_update_batches_split_over_devices_and_microbatches(tmp_path):
