@@ -37,7 +37,8 @@ resumes from its checkpoints. Ctrl-C (or SIGTERM) sends SIGTERM to every running
 flight and exits 143; the same command then finishes what is missing. A failed job is reported with the last lines
 of its log and the others go on; the exit status is the number of failed jobs (0: all done), 130 when interrupted.
 At the end `--report` runs. `--archive DIR` copies each finished job's records (no checkpoints) to DIR/POINT/seed=S
-with the sweep's definition, and a job done there is not run again (unless a job still to run starts from it).
+with the sweep's definition (and those of jobs found done here, e.g. run by a scheduler), and a job done there is
+not run again (unless a job still to run starts from it).
 
 Cluster runs: `--dry_run` prints exactly one shell command line per job still to run (not done here or in the
 archive) on stdout and nothing else there (the `launch.train` command, to run in the repository root); `--emit slurm` writes ROOT/sweep.slurm (a job array, one
@@ -529,7 +530,8 @@ def run_local(jobs: Sequence[Job], max_jobs: int, archive: str | None = None,
   Args:
     jobs: the sweep's jobs, their directories as seen from here.
     max_jobs: jobs running at once.
-    archive: the archive root (a job done there counts as done; each job that finishes is copied there).
+    archive: the archive root (a job done there counts as done; each job that finishes is copied there, and so is
+      each job found done here that is not there yet).
     command: a job's command line (default its `launch.train` command with this Python).
     poll_s: seconds between looks at the running jobs.
   Returns:
@@ -539,6 +541,9 @@ def run_local(jobs: Sequence[Job], max_jobs: int, archive: str | None = None,
   command = command or (lambda job: job.train_command(sys.executable))
   by_name = {job.name: job for job in jobs}
   done = done_jobs(jobs, archive)
+  for job in jobs:  # done before this run (by a scheduler, or a job's command.sh) and not archived yet
+    if archive and is_done(job.directory) and not is_done(os.path.join(archive, job.name)):
+      archive_job(job, archive)
   states = {job.name: ("done" if job.name in done else "waiting") for job in jobs}
   progress = Progress(jobs, states)
   running: dict[str, tuple[subprocess.Popen, float, Any]] = {}

@@ -227,6 +227,12 @@ def test_done_jobs_are_skipped_and_the_others_resume(tmp_path):
   assert [starts(j) for j in jobs] == [1, 2]  # the done one skipped, the other run again (and resumed)
   rows = [json.loads(line) for line in open(os.path.join(jobs[1].directory, "metrics.jsonl"))]
   assert [r["step"] for r in rows] == [1, 2, 3, 4]
+  # Jobs done before a run with an archive (e.g. by a scheduler running their command.sh) are archived by it.
+  archive = tmp_path / "archive"
+  assert set(sweep.run_local(jobs, max_jobs=1, command=fake_command, poll_s=0.05, archive=str(archive)).values()) == {
+      "done"}
+  assert [starts(j) for j in jobs] == [1, 2]  # nothing ran again
+  assert all(sweep.is_done(str(archive / j.name)) for j in jobs)
 
 
 DRIVER = """
