@@ -41,10 +41,11 @@ with the sweep's definition (and those of jobs found done here, e.g. run by a sc
 not run again (unless a job still to run starts from it).
 
 Cluster runs: `--dry_run` prints exactly one shell command line per job still to run (not done here or in the
-archive) on stdout and nothing else there (the `launch.train` command, to run in the repository root); `--emit slurm` writes ROOT/sweep.slurm (a job array, one
-task per job, each running the job's command.sh; chained sweeps get one array per stage, submitted with
-`--dependency=afterok`), `--emit tpu` writes ROOT/tpu_jobs.sh (one `launch/tpu_pod.sh` command per job; ROOT should
-then be a gs:// directory the pod's workers share). `--report` reads whatever those jobs wrote, local or gs://.
+archive) on stdout and nothing else there (the `launch.train` command, to run in the repository root);
+`--emit slurm` writes ROOT/sweep.slurm (a job array, one task per job, each running the job's command.sh; chained
+sweeps get one array per stage, submitted with `--dependency=afterok`), `--emit tpu` writes ROOT/tpu_jobs.sh (one
+`launch/tpu_pod.sh` command per job; ROOT should then be a gs:// directory the pod's workers share). `--report`
+reads whatever those jobs wrote, local or gs://.
 """
 
 from __future__ import annotations
