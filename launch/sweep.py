@@ -40,8 +40,8 @@ At the end `--report` runs. `--archive DIR` copies each finished job's records (
 with the sweep's definition (and those of jobs found done here, e.g. run by a scheduler), and a job done there is
 not run again (unless a job still to run starts from it).
 
-Cluster runs: `--dry_run` prints exactly one shell command line per job still to run (not done here or in the
-archive) on stdout and nothing else there (the `launch.train` command, to run in the repository root);
+Cluster runs: `--dry_run` prints exactly one shell command line per job of the grid (done or not) on stdout and
+nothing else there (the `launch.train` command, to run in the repository root);
 `--emit slurm` writes ROOT/sweep.slurm (a job array, one task per job, each running the job's command.sh; chained
 sweeps get one array per stage, submitted with `--dependency=afterok`), `--emit tpu` writes ROOT/tpu_jobs.sh (one
 `launch/tpu_pod.sh` command per job; ROOT should then be a gs:// directory the pod's workers share). `--report`
@@ -751,12 +751,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as error:
     raise SystemExit(f"launch.sweep: {error}") from None
   if args.dry_run:
-    done = set() if "://" in root else done_jobs(
-        [dataclasses.replace(job, directory=os.path.join(ROOT, job.directory)) for job in jobs],
-        os.path.abspath(args.archive) if args.archive else None)
     for job in jobs:
-      if job.name not in done:
-        print(shlex.join(job.train_command()))
+      print(shlex.join(job.train_command()))
     return 0
   local_root = os.path.join(ROOT, root) if "://" not in root and not os.path.isabs(root) else root
   if "://" not in root:
