@@ -3,6 +3,7 @@
   python -m launch.eval --hf_checkpoint DIR --envs maze,wordle --split eval --num_tasks 100 --out DIR/eval.json
   python -m launch.eval --model_dir runs/bc [--step 400 | --best] --envs maze,wordle --num_samples 4 --temperature 1.0
   python -m launch.eval --hf_checkpoint DIR --env_urls maze=http://127.0.0.1:36001   # a served env
+  python -m launch.eval --model_dir runs/grpo --split train --indices tasks.json   # {"maze": [81, 95], ...}
   python -m launch.eval --gguf smollm2 --envs maze,babyai --num_tasks 20 --max_rounds 10 --max_new_tokens 48 \
       --batch_size 16 --max_context_tokens 2048      # SmolLM2-135M zero-shot (its cache: 94 MB a row at 2,048)
   python -m launch.eval --policy openai --base_url http://127.0.0.1:8000/v1 --model NAME --envs maze,sql \
@@ -24,8 +25,8 @@ Held-out noise, paired (`launch.sweep_report.paired_comparison`):
 `--with_greedy` runs the sampled evaluation (k >= 2, at `--temperature`, default 1.0) and the greedy one and writes
 them into the directory `--out` (default MODEL_DIR, else the working directory) as eval_samples.json and
 eval_results.json, the files a training run and `launch.sweep_report` use. The tasks and each episode's sampling
-randomness depend only on the envs, `--split`, `--start`/`--num_tasks` and `--seed`, so two policies evaluated
-alike play the same episodes. `--baseline PATH` (a results file, or a directory with eval_results.json and/or
+randomness depend only on the envs, `--split`, `--start`/`--num_tasks` (or `--indices`) and `--seed`, so two
+policies evaluated alike play the same episodes. `--baseline PATH` (a results file, or a directory with eval_results.json and/or
 eval_samples.json, e.g. a run's MODEL_DIR) then compares each kind both have (greedy; avg@k): this minus baseline
 success per env and overall over the episodes present in both, paired by (env, index, sample), with a paired
 bootstrap 95% interval resampling tasks. "overall" weights envs equally, as the overall success does: the mean
@@ -154,6 +155,25 @@ def parse_env_urls(text: str) -> dict[str, list[str]]:
       raise SystemExit(f"--env_urls entries are NAME=URL, got {item!r}")
     urls.setdefault(name, []).append(url)
   return urls
+
+
+def load_indices(path: str, names: Sequence[str]) -> dict[str, list[int]]:
+  """--indices: {env: [task index, ...]} for every env evaluated, read from a JSON file; refused with what is
+  wrong."""
+  try:
+    with open(path) as f:
+      indices = json.load(f)
+  except (OSError, ValueError) as error:
+    raise SystemExit(f"--indices {path}: not a readable JSON file ({error})") from None
+  if not isinstance(indices, dict):
+    raise SystemExit(f"--indices {path}: expected an object {{env: [task index, ...]}}, got {type(indices).__name__}")
+  missing = [name for name in names if name not in indices]
+  if missing:
+    raise SystemExit(f"--indices {path}: no task indices for {missing}")
+  for name in names:
+    if not isinstance(indices[name], list) or not all(isinstance(i, int) and i >= 0 for i in indices[name]):
+      raise SystemExit(f"--indices {path}: {name!r} must be a list of task indices (integers >= 0)")
+  return {name: list(indices[name]) for name in names}
 
 
 def results_path(out: str | None, model_dir: str | None) -> str:
@@ -416,6 +436,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--split", default="eval", choices=["train", "eval"])
   parser.add_argument("--num_tasks", type=int, default=None, help="the first N tasks of each env (default all)")
   parser.add_argument("--start", type=int, default=0, help="first task index (with --num_tasks: a slice)")
+  parser.add_argument("--indices", default=None,
+                      help="a JSON file {env: [task index, ...]}: exactly these tasks of each env (not with "
+                           "--start/--num_tasks), e.g. the tasks a run trained on")
   parser.add_argument("--num_samples", type=int, default=1, help="episodes per task (k of avg@k / best@k)")
   parser.add_argument("--temperature", type=float, default=None, help="default 0 (greedy) for k=1, else 1.0")
   parser.add_argument("--top_p", type=float, default=1.0)
@@ -474,6 +497,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   if baseline is not None:
     check_pairable(planned, baseline)
   names = [n.strip() for n in args.envs.split(",") if n.strip()]
+  if args.indices and (args.start or args.num_tasks is not None):
+    raise SystemExit("--indices names the tasks: give it without --start/--num_tasks")
+  args.indices = load_indices(args.indices, names) if args.indices else None
   urls = parse_env_urls(args.env_urls)
   known = envs_lib.names() + envs_lib.benchmark_names()
   unknown = [n for n in names if n not in known and n not in urls]
@@ -507,7 +533,7 @@ def evaluate_and_report(args: argparse.Namespace, names: list[str], planned: dic
     for kind, settings in planned.items():
       rollouts: list[Rollout] = []
       results = evaluation.evaluate(
-          policy, tok, names, split=args.split, start=args.start, num_tasks=args.num_tasks,
+          policy, tok, names, split=args.split, indices=args.indices, start=args.start, num_tasks=args.num_tasks,
           num_samples=settings["num_samples"], temperature=settings["temperature"], top_p=args.top_p,
           max_new_tokens=args.max_new_tokens, max_rounds=args.max_rounds, batch_size=args.batch_size,
           seed=args.seed, env_factory=env_factory,

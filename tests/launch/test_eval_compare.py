@@ -208,6 +208,24 @@ def test_launch_eval_loads_a_baseline_and_refuses_before_running(tmp_path):
       "greedy": str(tmp_path / "eval_results.json"), "sampled": str(tmp_path / "eval_samples.json")}
 
 
+def test_indices_name_the_tasks_and_bad_ones_are_refused_before_running(tmp_path):
+  model = ["--hf_checkpoint", str(tmp_path / "nowhere"), "--envs", "maze,babyai"]
+  files = {"not_json": "{maze", "a_list": "[1, 2]", "no_babyai": '{"maze": [1]}',
+           "not_ints": '{"maze": [1], "babyai": ["3"]}', "negative": '{"maze": [1], "babyai": [-1]}',
+           "good": '{"maze": [3, 1], "babyai": [2]}'}
+  for name, text in files.items():
+    (tmp_path / f"{name}.json").write_text(text)
+  cases = [("missing", "not a readable JSON file"), ("not_json", "not a readable JSON file"),
+           ("a_list", "expected an object"), ("no_babyai", r"no task indices for \['babyai'\]"),
+           ("not_ints", "'babyai' must be a list of task indices"), ("negative", "must be a list of task indices")]
+  for name, message in cases:
+    with pytest.raises(SystemExit, match=message):
+      eval_cli.main([*model, "--indices", str(tmp_path / f"{name}.json")])
+  with pytest.raises(SystemExit, match="without --start/--num_tasks"):
+    eval_cli.main([*model, "--indices", str(tmp_path / "good.json"), "--num_tasks", "2"])
+  assert eval_cli.load_indices(str(tmp_path / "good.json"), ["maze", "babyai"]) == {"maze": [3, 1], "babyai": [2]}
+
+
 def test_paired_table_lists_every_env_and_kind():
   c = {"greedy": sweep_report.paired_comparison(evaluation({"maze": [[1], [0]]}), evaluation({"maze": [[0], [0]]}))}
   lines = eval_cli.paired_table(c).splitlines()

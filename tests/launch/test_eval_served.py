@@ -1,5 +1,6 @@
-"""`launch.eval --env_urls`: an env evaluated on its server (a real `ServerThread` on loopback) plays the same
-episodes as the built-in env in process, and the evaluation leaves nothing served behind.
+"""Which tasks `launch.eval` plays and where: `--env_urls` (an env evaluated on its server, a real `ServerThread` on
+loopback, plays the same episodes as the built-in env in process, and nothing is left served behind) and
+`--indices` (chosen tasks play the episodes they play in a contiguous slice).
 
   python -m pytest tests/launch/test_eval_served.py -q
 """
@@ -42,3 +43,15 @@ def test_served_env_plays_the_same_episodes_as_the_built_in_one(tmp_path, monkey
   assert results["envs"]["maze"]["num_episodes"] == 1
   assert _episodes(served) == _episodes(local) and len(_episodes(local)) == 2
   assert envs.served() == {}  # the evaluation's servers are not left behind for what runs next
+
+
+def test_chosen_tasks_play_the_episodes_they_play_in_a_slice(tmp_path):
+  sliced, chosen = str(tmp_path / "sliced.json"), str(tmp_path / "chosen.json")
+  flags = ["--hf_checkpoint", SHARED_BC, "--envs", "maze", "--split", "train", "--max_rounds", "3",
+           "--max_new_tokens", "32", "--num_samples", "2"]
+  eval_cli.main([*flags, "--start", "2", "--num_tasks", "3", "--out", sliced])
+  (tmp_path / "indices.json").write_text(json.dumps({"maze": [4, 2]}))
+  eval_cli.main([*flags, "--indices", str(tmp_path / "indices.json"), "--out", chosen])
+  by_task = {(e["index"], e["sample"]): e for e in _episodes(sliced)}
+  assert sorted((e["index"], e["sample"]) for e in _episodes(chosen)) == [(2, 0), (2, 1), (4, 0), (4, 1)]
+  assert all(e == by_task[(e["index"], e["sample"])] for e in _episodes(chosen))
