@@ -44,7 +44,10 @@ def main(argv):
     gin_config.parse(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.gin_search_paths)
   except gin_config.ConfigError as e:
     sys.exit(f"error: {e}")
-  gin_config.run()
+  try:
+    gin_config.run()
+  except gin_config.ConfigError as e:  # what gin could not check at parse time (e.g. served_envs.urls)
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

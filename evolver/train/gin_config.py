@@ -120,7 +120,12 @@ def run(loop: Callable[[], object] = gin.REQUIRED) -> object:
   """Runs the configured training loop (it takes everything else from gin) with the envs `served_envs` names
   on their servers. A preempted run (module docstring) prints why on stderr and exits with
   `PREEMPTED_EXIT_STATUS`."""
-  with envs_lib.serving(**served_envs()) as served:
+  stack = contextlib.ExitStack()
+  try:
+    served = stack.enter_context(envs_lib.serving(**served_envs()))
+  except envs_lib.EnvError as e:
+    raise ConfigError(f"bad gin config: served_envs.urls: {e}") from None
+  with stack:
     if served:
       print(f"envs on servers: {served}", flush=True)
     try:

@@ -122,6 +122,13 @@ def test_grpo_without_init_checkpoint_fails_clearly(tmp_path):
   assert "set INIT_CHECKPOINT" in proc.stderr
 
 
+def test_served_envs_that_are_not_server_urls_stop_the_run_with_what_is_wrong(tmp_path):
+  proc = launch("grpo.gin", tmp_path / "g", 1, "served_envs.urls = {'maze': 'ftp://host:1'}", check=False)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  assert "bad gin config: served_envs.urls: env 'maze': expected a server URL" in proc.stderr
+  assert not (tmp_path / "g").exists()  # before the run made anything
+
+
 @pytest.mark.slow
 def test_grpo_runs_from_a_bc_checkpoint_and_resumes(bc_checkpoint, tmp_path):
   bc_dir = bc_checkpoint  # a tiny BC run's checkpoint, trained once per session (tests/train/conftest.py)
