@@ -3,7 +3,7 @@
   python -m launch.eval --hf_checkpoint DIR --envs maze,wordle --split eval --num_tasks 100 --out DIR/eval.json
   python -m launch.eval --model_dir runs/bc [--step 400 | --best] --envs maze,wordle --num_samples 4 --temperature 1.0
   python -m launch.eval --hf_checkpoint DIR --env_urls maze=http://127.0.0.1:36001   # a served env
-  python -m launch.eval --model_dir runs/grpo --split train --indices tasks.json   # {"maze": [81, 95], ...}
+  python -m launch.eval --model_dir runs/grpo --split train --indices runs/grpo   # the tasks it trained on
   python -m launch.eval --gguf smollm2 --envs maze,babyai --num_tasks 20 --max_rounds 10 --max_new_tokens 48 \
       --batch_size 16 --max_context_tokens 2048      # SmolLM2-135M zero-shot (its cache: 94 MB a row at 2,048)
   python -m launch.eval --policy openai --base_url http://127.0.0.1:8000/v1 --model NAME --envs maze,sql \
@@ -91,6 +91,8 @@ from evolver.models.openai_api import APIRequestError, OpenAIChat
 from evolver.models.sampler import Sampler
 from evolver.rollout import APIRolloutEngine, Rollout
 from evolver.train import evaluation
+from evolver.train import metrics as metrics_lib
+from evolver.train import rl
 from evolver.train.experience import ExperienceManager, strip_added_messages
 from launch import sweep_report
 
@@ -158,13 +160,20 @@ def parse_env_urls(text: str) -> dict[str, list[str]]:
 
 
 def load_indices(path: str, names: Sequence[str]) -> dict[str, list[int]]:
-  """--indices: {env: [task index, ...]} for every env evaluated, read from a JSON file; refused with what is
-  wrong."""
-  try:
-    with open(path) as f:
-      indices = json.load(f)
-  except (OSError, ValueError) as error:
-    raise SystemExit(f"--indices {path}: not a readable JSON file ({error})") from None
+  """--indices: {env: [task index, ...]} for every env evaluated, read from a JSON file, or from a GRPO run's
+  directory (the train tasks its steps trained on, `rl.trained_tasks`); refused with what is wrong."""
+  if os.path.isdir(path):
+    indices = rl.trained_tasks(metrics_lib.read_metrics(path))
+    if not indices:
+      raise SystemExit(f"--indices {path}: the run there recorded no trained tasks (metrics.jsonl's "
+                       f"{rl.TRAINED_TASKS_KEY!r}: GRPO runs write it)")
+    path = f"{path} (the tasks the run trained on)"
+  else:
+    try:
+      with open(path) as f:
+        indices = json.load(f)
+    except (OSError, ValueError) as error:
+      raise SystemExit(f"--indices {path}: not a readable JSON file ({error})") from None
   if not isinstance(indices, dict):
     raise SystemExit(f"--indices {path}: expected an object {{env: [task index, ...]}}, got {type(indices).__name__}")
   missing = [name for name in names if name not in indices]
@@ -437,8 +446,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--num_tasks", type=int, default=None, help="the first N tasks of each env (default all)")
   parser.add_argument("--start", type=int, default=0, help="first task index (with --num_tasks: a slice)")
   parser.add_argument("--indices", default=None,
-                      help="a JSON file {env: [task index, ...]}: exactly these tasks of each env (not with "
-                           "--start/--num_tasks), e.g. the tasks a run trained on")
+                      help="a JSON file {env: [task index, ...]}, or a GRPO run's directory (the train tasks it "
+                           "trained on): exactly these tasks of each env (not with --start/--num_tasks)")
   parser.add_argument("--num_samples", type=int, default=1, help="episodes per task (k of avg@k / best@k)")
   parser.add_argument("--temperature", type=float, default=None, help="default 0 (greedy) for k=1, else 1.0")
   parser.add_argument("--top_p", type=float, default=1.0)

@@ -319,6 +319,32 @@ def round_seed(seed: int, step: int, round_index: int) -> int:
   return seed * 100003 + step + round_index * 7_919_000
 
 
+TRAINED_TASKS_KEY = "train/tasks"
+
+
+def trained_task_names(rollouts: Sequence[Rollout]) -> list[str]:
+  """"ENV/INDEX" of each group that trains (one per group, in group order), for the step's metrics row
+  (`TRAINED_TASKS_KEY`); a group of a task given as a spec (self-questioning's synthetic tasks) is "ENV/spec"."""
+  first = {}
+  for r in rollouts:
+    first.setdefault(r.group, r)
+  return [f"{r.env}/spec" if r.task_spec is not None else f"{r.env}/{r.task_index}"
+          for _, r in sorted(first.items())]
+
+
+def trained_tasks(metrics_rows: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
+  """{env: sorted task indices} of the `train` tasks a GRPO run trained on, from its metrics rows
+  (`evolver.train.metrics.read_metrics(MODEL_DIR)`); spec tasks are left out. What `launch.eval --indices RUN_DIR`
+  evaluates."""
+  out: dict[str, set[int]] = {}
+  for row in metrics_rows:
+    for name in row.get(TRAINED_TASKS_KEY, ()):
+      env, _, index = name.rpartition("/")
+      if index != "spec":
+        out.setdefault(env, set()).add(int(index))
+  return {env: sorted(indices) for env, indices in sorted(out.items())}
+
+
 def with_peers(rollouts: Sequence[Rollout]) -> tuple[list[Rollout], int]:
   """The rollouts whose group has at least two of them (a group of one has no baseline: its advantage would be
   its reward), and the number of groups left out. Errored episodes must be dropped before."""
@@ -533,6 +559,7 @@ def train_grpo(*, model_dir: str = gin.REQUIRED, train_steps: int = gin.REQUIRED
       rows = update_rows(max_rows, num_minibatches, minibatch_multiple(trainer))
       precompiled.append(precompile_updates(trainer, (trainer.state.params, ref_params), buckets, rows=rows,
                                             head_chunk_rows=head_chunk_rows))
+    row[TRAINED_TASKS_KEY] = trained_task_names(with_peers(kept)[0])
     row.update(grpo_update(trainer, ref_params, kept, tokenizer, advantage_fn=advantage_fn, buckets=buckets,
                            ppo_epochs=ppo_epochs, num_minibatches=num_minibatches,
                            rng=np.random.default_rng([seed, step + 1, 1]), head_chunk_rows=head_chunk_rows,

@@ -224,6 +224,17 @@ def test_indices_name_the_tasks_and_bad_ones_are_refused_before_running(tmp_path
   with pytest.raises(SystemExit, match="without --start/--num_tasks"):
     eval_cli.main([*model, "--indices", str(tmp_path / "good.json"), "--num_tasks", "2"])
   assert eval_cli.load_indices(str(tmp_path / "good.json"), ["maze", "babyai"]) == {"maze": [3, 1], "babyai": [2]}
+  # A GRPO run's directory: the train tasks its steps recorded (spec tasks left out), each once, sorted.
+  run = tmp_path / "run"
+  run.mkdir()
+  with pytest.raises(SystemExit, match="recorded no trained tasks"):
+    eval_cli.load_indices(str(run), ["maze"])
+  rows = [{"step": 1, "train/tasks": ["maze/90", "babyai/81", "maze/spec"]},
+          {"step": 2, "train/tasks": ["maze/84", "maze/90"]}]
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  assert eval_cli.load_indices(str(run), ["maze", "babyai"]) == {"maze": [84, 90], "babyai": [81]}
+  with pytest.raises(SystemExit, match=r"no task indices for \['sql'\]"):
+    eval_cli.load_indices(str(run), ["maze", "sql"])
 
 
 def test_paired_table_lists_every_env_and_kind():

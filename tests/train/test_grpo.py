@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -148,6 +149,11 @@ def test_grpo_runs_from_a_bc_checkpoint_and_resumes(bc_checkpoint, tmp_path):
   assert all("rollout/success" in r and "rollout/reward" in r for r in rows)
   trained = [r for r in rows if "pg_loss_on" in r]
   assert trained and all(np.isfinite(r["loss"]) and "kl_ref" in r and "clipfrac" in r for r in trained)
+  # Each step records the train tasks its groups trained on (2 tasks a step, one group each): what
+  # `launch.eval --indices RUN_DIR` evaluates.
+  assert all(len(r[rl.TRAINED_TASKS_KEY]) == 2 for r in trained)
+  assert all(re.fullmatch(r"(sql|maze)/\d+", name) for r in trained for name in r[rl.TRAINED_TASKS_KEY])
+  assert sum(map(len, rl.trained_tasks(rows).values())) == len({n for r in rows for n in r[rl.TRAINED_TASKS_KEY]})
   # Where a step's time goes: its episodes, then the update.
   assert all(r["time/rollout_s"] > 0 and r["rollout/sampled_tokens"] > 0 for r in rows)
   assert all(r["time/update_s"] > 0 for r in trained)
