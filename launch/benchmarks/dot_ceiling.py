@@ -123,8 +123,11 @@ def run(args: Sequence[str]) -> dict:
 
 
 if __name__ == "__main__":
-  kind, numbers = sys.argv[2], [int(v) for v in sys.argv[3:]]  # a worker: --worker jax|torch ROWS ... [THREADS]
-  if kind == "jax":
-    print(json.dumps(_worker_jax(*numbers[:6])))
-  else:
-    print(json.dumps(_worker_torch(*numbers[:6], threads=numbers[6])))
+  if len(sys.argv) > 1 and sys.argv[1] == "--worker":  # --worker jax|torch ROWS HIDDEN INTER LAYERS STEPS REPEATS [T]
+    kind, numbers = sys.argv[2], [int(v) for v in sys.argv[3:]]
+    if kind == "jax":
+      print(json.dumps(_worker_jax(*numbers[:6])))
+    else:
+      print(json.dumps(_worker_torch(*numbers[:6], threads=numbers[6])))
+  else:  # as `launch.benchmark --suite dot_ceiling`
+    print(json.dumps(run(sys.argv[1:])))
