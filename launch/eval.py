@@ -58,7 +58,7 @@ default) needs no model; `--summarizer policy` is ReMe's LLM pipeline answered b
 sampler, already loaded, where a prompt that does not fit `--max_context_tokens` gets an empty reply; with --policy
 openai, the same endpoint), `--summarizer_max_new_tokens` per reply. The results get "experience_summary": the
 memories stored ("committed"), duplicates and invalid ones left out, and the summarizer replies that did not parse
-("unparseable", of "replies").
+("unparseable", of "replies", the first 8 of which are kept as "first_replies").
 
 `--experience DIR` gives each episode's opening the top `--experience_top_k` (default 3) memories retrieved for its
 task's text, in AgentEvolver's template at the end of the last initial user message, within
@@ -364,21 +364,24 @@ def experience_record(args: argparse.Namespace, manager: ExperienceManager, resu
   for episode in results.get("episodes", []):
     episode["experience"] = given.get((episode["env"], episode["index"], episode["sample"]), [])
   with_experience = [ids for ids in given.values() if ids]
-  return {"pool": os.path.abspath(args.experience), "workspace_id": args.workspace_id, "size": manager.size,
+  return {"pool": args.experience, "workspace_id": args.workspace_id, "size": manager.size,
           "top_k": args.experience_top_k, "max_experience_tokens": args.max_experience_tokens or None,
           "embedder": args.embedder, "episodes": len(given), "episodes_with": len(with_experience),
           "memories_given": sum(len(ids) for ids in with_experience)}
 
 
 class CountedGenerate:
-  """A `Generate` that counts the prompts it was asked (the summarizer's replies, parsed or not)."""
+  """A `Generate` that counts the prompts it was asked (the summarizer's replies, parsed or not) and keeps the first
+  `keep` replies (for the records: what the summarizer wrote)."""
 
-  def __init__(self, generate: generate_lib.Generate):
-    self.generate, self.prompts = generate, 0
+  def __init__(self, generate: generate_lib.Generate, keep: int = 8):
+    self.generate, self.prompts, self.keep, self.first_replies = generate, 0, keep, []
 
   def __call__(self, prompts: list[str]) -> list[str]:
     self.prompts += len(prompts)
-    return self.generate(prompts)
+    replies = self.generate(prompts)
+    self.first_replies.extend(replies[:self.keep - len(self.first_replies)])
+    return replies
 
 
 def make_summarizer(args: argparse.Namespace, policy: Any, tokenizer: Any, source: dict[str, Any]
@@ -418,11 +421,12 @@ def summarize_into(args: argparse.Namespace, manager: ExperienceManager, rollout
   except (SummarizerUnavailable, ExperienceError) as error:
     raise SystemExit(f"--summarize_into: the summary failed ({error}); the evaluation's results are written, the "
                      "pool is as it was") from None
-  record = {"pool": os.path.abspath(args.summarize_into), "workspace_id": args.workspace_id,
+  record = {"pool": args.summarize_into, "workspace_id": args.workspace_id,
             "summarizer": args.summarizer, "embedder": args.embedder, "episodes": len(rollouts),
             "size_before": before, "size": manager.size, "committed": len(result.memories), **result.stats}
   if generate is not None:
     record["replies"] = generate.prompts
+    record["first_replies"] = generate.first_replies
     record["max_new_tokens"] = args.summarizer_max_new_tokens
   return record
 

@@ -2,10 +2,11 @@
 
   python -m launch.train --gin_file=gin_configs/tasks/selfq.gin --gin_bindings="MODEL_DIR='runs/selfq'"
 
-writes MODEL_DIR/synthetic_tasks.jsonl (`evolver.tasks.taskset`) and MODEL_DIR/generate_stats.json: what each
-part yielded per env (episodes, outcomes, proposals, every filter's drops, kept tasks) and the seconds each part
-took (exploration, proposing, and the filters' parts: preparing eval keys and originals' texts, held-out keys,
-resets, near-duplicate checks, feasibility replays).
+writes MODEL_DIR/synthetic_tasks.jsonl (`evolver.tasks.taskset`), MODEL_DIR/generate_stats.json (what each part
+yielded per env: episodes, outcomes, proposals, every filter's drops, kept tasks; and the seconds each part took:
+exploration, proposing, and the filters' parts: preparing eval keys and originals' texts, held-out keys, resets,
+near-duplicate checks, feasibility replays) and, with the LLM proposer, MODEL_DIR/proposer_replies.jsonl (each reply
+with its episode and what became of it: parsed or not, items, malformed ones, ones reaching nothing, proposals).
 
 Worlds are drawn from [world_start, world_start + world_count) of each env's train split, by default base.gin's
 exploration slice [80, 400) (`TaskSlices`, which lives in `evolver.train` and so is not imported here: keep
@@ -23,6 +24,7 @@ too, an adapter of `evolver.models.generate`: `@OpenAIGenerate()` (an OpenAI-com
 from __future__ import annotations
 
 import collections
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +46,7 @@ EXPLORERS = ("random", "policy")
 ENVS = ("maze", "wordle", "textcraft", "babyai", "sql", "tools")
 STATS_FILE = "generate_stats.json"
 TASKSET_FILE = "synthetic_tasks.jsonl"
+REPLIES_FILE = "proposer_replies.jsonl"
 
 
 def choose_worlds(env_factory: Callable[[str], Any], envs: Sequence[str], start: int, count: int, per_env: int,
@@ -147,7 +150,8 @@ def generate_tasks(*, model_dir: str = gin.REQUIRED, envs: Sequence[str] = ENVS,
   if proposer == "hindsight":
     proposals = propose_lib.propose_hindsight(episodes)
   else:
-    proposals, llm_counts = propose_lib.propose_llm(episodes, llm, env_factory)
+    proposals, llm_counts, replies = propose_lib.propose_llm(episodes, llm, env_factory)
+    paths.write_text(model_dir / REPLIES_FILE, "".join(json.dumps(r) + "\n" for r in replies))
   seconds["proposing"] = time.perf_counter() - t0
 
   t0 = time.perf_counter()

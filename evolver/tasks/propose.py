@@ -202,15 +202,18 @@ def replay_outcomes(env: Any, world: int, actions: Sequence[str]) -> list[Any]:
 
 def propose_llm(explorations: Sequence[Exploration], generate: Callable[[list[str]], list[str]],
                 env_factory: EnvFactory, *, max_log_steps: int = 30, max_chars: int = 800, max_tasks: int = 3
-                ) -> tuple[list[Proposal], dict[str, int]]:
+                ) -> tuple[list[Proposal], dict[str, int], list[dict[str, Any]]]:
   """Asks `generate` for tasks from each episode (one prompt per episode that did not fail) and turns each into a
   checkable proposal (module docstring).
 
   Returns:
-    (proposals, counts): counts of `LLM_STATS` (prompts; unparseable replies; items in the parsed replies;
-    malformed items; items whose replay reached nothing; proposals).
+    (proposals, counts, replies): counts of `LLM_STATS` (prompts; unparseable replies; items in the parsed
+    replies; malformed items; items whose replay reached nothing; proposals); one record per prompt: its episode
+    (`env`, `world`, `episode`), the `reply` text and what became of it (`parsed`, and `items`, `malformed`,
+    `reaches_nothing`, `proposals` counted as above): what the proposer wrote, for the records.
   """
   counts = collections.Counter(dict.fromkeys(LLM_STATS, 0))
+  records: list[dict[str, Any]] = []
   episodes = [e for e in explorations if not e.failed]
   envs: dict[str, Any] = {}
   try:
@@ -225,28 +228,34 @@ def propose_llm(explorations: Sequence[Exploration], generate: Callable[[list[st
       raise ValueError(f"generate returned {len(replies)} texts for {len(prompts)} prompts")
     proposals = []
     for episode, reply in zip(episodes, replies):
-      items = parse_reply(reply if isinstance(reply, str) else "")
+      text = reply if isinstance(reply, str) else ""
+      items = parse_reply(text)
+      mine = collections.Counter(dict.fromkeys(LLM_STATS[2:], 0))
+      records.append({"env": episode.env, "world": episode.world, "episode": episode.episode, "reply": text,
+                      "parsed": items is not None, **mine})
       if items is None:
         counts["unparseable"] += 1
         continue
-      counts["items"] += len(items)
+      mine["items"] = len(items)
       for item in items:
         parsed = parse_item(item)
         if parsed is None:
-          counts["malformed"] += 1
+          mine["malformed"] += 1
           continue
         query, confidence, actions = parsed
         outcomes = replay_outcomes(envs[episode.env], episode.world, actions)
         if not outcomes:
-          counts["reaches_nothing"] += 1
+          mine["reaches_nothing"] += 1
           continue
         outcome = choose_outcome(query, outcomes)
         _check_outcome(outcome, episode)
+        mine["proposals"] += 1
         proposals.append(Proposal(spec=dataclasses.replace(outcome.spec, goal=query), actions=tuple(outcome.actions),
                                   description=outcome.description, proposer="llm", world=episode.world,
                                   episode=episode.episode, confidence=confidence))
-    counts["proposals"] = len(proposals)
-    return proposals, dict(counts)
+      records[-1].update(mine)
+      counts.update(mine)
+    return proposals, dict(counts), records
   finally:
     for env in envs.values():
       close = getattr(env, "close", None)

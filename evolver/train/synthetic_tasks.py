@@ -115,7 +115,7 @@ class SyntheticTasks(RLExtension):
         self._replay_envs[rollout.env] = envs_lib.make(rollout.env)
       explorations.append(replay_as_exploration(self._replay_envs[rollout.env], rollout, number))
     if self.proposer == "llm":
-      proposals, counts = propose_llm(explorations, self.llm, envs_lib.make)
+      proposals, counts, _ = propose_llm(explorations, self.llm, envs_lib.make)
       row.update({f"llm_{name}": count for name, count in counts.items()})
     else:
       proposals = propose_hindsight(explorations)

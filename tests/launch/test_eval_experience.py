@@ -58,7 +58,7 @@ def test_summarize_into_then_evaluate_with_it_paired(tmp_path, played):
   pool, plain, with_pool = str(tmp_path / "pool"), str(tmp_path / "plain.json"), str(tmp_path / "with_pool.json")
   eval_cli.main([*EPISODES, "--out", plain, "--summarize_into", pool])
   summary = read(plain)["experience_summary"]
-  assert summary["summarizer"] == "extractive" and summary["pool"] == os.path.abspath(pool)
+  assert summary["summarizer"] == "extractive" and summary["pool"] == pool
   assert (summary["episodes"], summary["trajectories"], summary["size_before"]) == (2, 2, 0)
   assert summary["committed"] >= 1 and summary["size"] == summary["committed"] and summary["unparseable"] == 0
   # The pool on disk, read back by a fresh store: the episodes' memories, their condition the task's own text,
@@ -76,7 +76,7 @@ def test_summarize_into_then_evaluate_with_it_paired(tmp_path, played):
   record = results["experience"]
   assert record == read(with_pool)["experience"]
   assert (record["pool"], record["size"], record["top_k"], record["episodes"], record["episodes_with"]) == \
-      (os.path.abspath(pool), len(memories), 3, 2, 2)
+      (pool, len(memories), 3, 2, 2)
   # Each opening carries its task's memories in the template, at the end of its last initial user message; without
   # them it is the opening the evaluation without experience played.
   (_, without), (_, given) = played
@@ -119,6 +119,9 @@ def test_the_evaluated_policy_summarizes_its_own_episodes(tmp_path, played, monk
   assert loads == [SHARED_BC] and replies and all(s is played[0][0] for s in replies)
   assert summary["summarizer"] == "policy" and summary["max_new_tokens"] == 8 and summary["replies"] >= 1
   assert 0 <= summary["unparseable"] <= summary["replies"]
+  # The first replies are kept as written, for the records.
+  assert 1 <= len(summary["first_replies"]) <= min(8, summary["replies"])
+  assert all(isinstance(reply, str) for reply in summary["first_replies"])
   assert summary["size"] - summary["size_before"] == summary["committed"]
   assert ExperienceStore(str(tmp_path / "pool")).exists("default")
 

@@ -87,7 +87,7 @@ def test_the_llm_proposer_makes_checkable_maze_tasks():
                          "action_sequence": moves},
                         {"query": "Bump into the wall", "confidence": 0.5, "action_sequence": ["jump"]}])]
 
-  proposals, counts = propose.propose_llm([episode], generate, envs.make)
+  proposals, counts, _ = propose.propose_llm([episode], generate, envs.make)
   assert (counts["proposals"], counts["reaches_nothing"]) == (1, 1)
   (proposal,) = proposals
   assert proposal.spec.target == {"cell": cell} and proposal.spec.goal.startswith("Walk to row")

@@ -65,6 +65,11 @@ def test_generate_tasks_with_the_llm_proposer_and_the_policy_explorer(tmp_path):
   assert stats["llm"]["prompts"] == 2 and stats["llm"]["proposals"] == 2
   records = check_run(str(tmp_path), stats, ["line"])
   assert all(r.spec.goal == "Walk two cells to the right" and r.source["proposer"] == "llm" for r in records)
+  # What the proposer wrote is in the records, one line per prompt.
+  with open(os.path.join(tmp_path, generate.REPLIES_FILE)) as f:
+    replies = [json.loads(line) for line in f]
+  assert len(replies) == 2 and all(r["parsed"] and r["proposals"] == 1 and "Walk two cells" in r["reply"]
+                                   for r in replies)
 
 
 @pytest.mark.parametrize("kwargs, message", [

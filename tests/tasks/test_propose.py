@@ -63,10 +63,14 @@ def test_llm_proposer_counts_good_bad_and_unreachable_proposals():
     seen.extend(prompts)
     return [replies[world] for world in (2, 3, 4)]  # one prompt per episode that did not fail, in order
 
-  proposals, counts = propose.propose_llm(episodes, generate, fakes.make)
+  proposals, counts, records = propose.propose_llm(episodes, generate, fakes.make)
   assert counts == {"prompts": 3, "unparseable": 1, "items": 4, "malformed": 1, "reaches_nothing": 1,
                     "proposals": 2}
   assert len(seen) == 3 and "Walk along a line" in seen[0] and ">>> STEP 1\nAction: right\n" in seen[0]
+  # One record per prompt: the reply and what became of it, summing to the counts.
+  assert [(r["world"], r["parsed"], r["items"], r["malformed"], r["reaches_nothing"], r["proposals"])
+          for r in records] == [(2, True, 3, 1, 1, 1), (3, False, 0, 0, 0, 0), (4, True, 1, 0, 0, 1)]
+  assert records[1]["reply"] == "I cannot help with that." and records[0]["env"] == "line"
   first, second = proposals
   # The query becomes the goal; the outcome it names ("cell 2") is the target, with the env's actions.
   assert first.spec == TaskSpec("line", 2, "train", {"cell": 2}, goal="Walk to cell 2")
