@@ -50,6 +50,8 @@ EXTRAS_REQUIRE = {
     "cuda": ["jax[cuda12]"],
     # The sciworld env's simulator (a py4j wrapper around scienceworld.jar; needs a Java runtime).
     "sciworld": ["scienceworld==1.2.3"],
+    # The llama_cpp benchmark suite's peer only (llama.cpp on SmolLM2's GGUF file; builds llama.cpp from source).
+    "llamacpp": ["llama-cpp-python==0.3.36"],
 }
 
 setuptools.setup(

@@ -38,6 +38,7 @@ EXTRA_MODULES = {
     "pytest": "test",
     "scienceworld": "sciworld",
     "py4j": "sciworld",  # scienceworld's bridge to its JVM
+    "llama_cpp": "llamacpp",  # the llama_cpp benchmark suite's peer
 }
 # Modules of ours that need an extra to import at all.
 EXTRA_OWN_MODULES = {

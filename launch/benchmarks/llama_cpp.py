@@ -7,7 +7,7 @@ as the figure a CPU user of this file would otherwise get (issue: a measurement,
 same 64 random prompt ids, 128 new tokens forced (no stop), greedy, batch 1 (llama-cpp-python decodes one sequence),
 median of `--repeats` runs after warm-up, each thread setting in its own process; the time includes the prompt.
 
-  pip install llama-cpp-python==0.3.36     # builds llama.cpp from source: minutes, and it is not a dependency
+  pip install -e ".[llamacpp]"     # llama-cpp-python==0.3.36: builds llama.cpp from source (minutes); not a dependency
   python -m launch.benchmark --suite llama_cpp [--repeats 5] [--threads 1,2]
 """
 
@@ -83,7 +83,7 @@ def run(args: list[str]) -> dict:
     import llama_cpp
   except ImportError as e:
     raise SystemExit("the llama_cpp suite needs llama-cpp-python, which evolver does not depend on: "
-                     "pip install llama-cpp-python==0.3.36 (it builds llama.cpp from source)") from e
+                     "pip install llama-cpp-python==0.3.36, or the llamacpp extra (it builds llama.cpp from source)") from e
   from evolver.models import gguf
   path, ckpt = gguf.smollm2_path(), gguf.smollm2_checkpoint()
   result = {"suite": "llama_cpp", "unit": "tokens/s", "gguf": os.path.basename(path), "batch": 1,
