@@ -34,9 +34,15 @@ if [ "$POLICY" = "--model_dir runs/smollm2/warmup --best" ] && [ ! -d runs/smoll
   "$PY" -m launch.train --gin_file=gin_configs/smollm2/warmup.gin --gin_bindings="MODEL_DIR='runs/smollm2/warmup'"
 fi
 
-timed() {  # timed NAME CMD...: runs CMD unless OUT/NAME.json exists; its wall seconds go to OUT/NAME.time
+timed() {  # timed NAME [--builds DIR] CMD...: runs CMD unless OUT/NAME.json exists (and DIR, the pool it builds,
+  # is still there: records are kept in OUT, pools in RUN, which a fresh machine lacks); wall seconds to OUT/NAME.time
   local name="$1"; shift
-  if [ -e "$OUT/$name.json" ] || [ -e "$OUT/$name/eval_samples.json" ]; then log "$name: done before"; return; fi
+  local builds=""
+  if [ "$1" = "--builds" ]; then builds="$2"; shift 2; fi
+  if [ -e "$OUT/$name.json" ] || [ -e "$OUT/$name/eval_samples.json" ]; then
+    if [ -z "$builds" ] || [ -d "$builds" ]; then log "$name: done before"; return; fi
+    log "$name: its record is here but its pool $builds is not: rebuilt (greedy, so the same episodes)"
+  fi
   log "$name"
   local start; start=$(date +%s)
   "$@"
@@ -44,16 +50,18 @@ timed() {  # timed NAME CMD...: runs CMD unless OUT/NAME.json exists; its wall s
 }
 
 # 1. The pool: the policy's own train episodes (greedy), the solved ones summarized by the policy.
-timed pool_train "$PY" -m launch.eval "${POLICY_ARGS[@]}" --envs "$ENVS" --split train --num_tasks "$TRAIN_TASKS" \
+pool_size() { "$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['experience_summary']['size'])" "$1"; }
+POLICY_POOL=(--builds "$RUN/pool")  # an empty pool recorded need not be rebuilt: the extractive one is used instead
+if [ -e "$OUT/pool_train.json" ] && [ "$(pool_size "$OUT/pool_train.json")" = 0 ]; then POLICY_POOL=(); fi
+timed pool_train "${POLICY_POOL[@]}" "$PY" -m launch.eval "${POLICY_ARGS[@]}" --envs "$ENVS" --split train --num_tasks "$TRAIN_TASKS" \
   "${ROLLOUT[@]}" --summarize_into "$RUN/pool" --summarizer policy --embedder minilm --out "$OUT/pool_train.json"
 POOL="$RUN/pool"
-pool_size() { "$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['experience_summary']['size'])" "$1"; }
 if [ "$(pool_size "$OUT/pool_train.json")" = 0 ]; then
   # At 135M the policy's summaries may not parse at all (pool_train.json counts them): the same episodes are
   # then summarized without a model (the extractive summarizer: the solved episodes' actions as memories), so
   # retrieval itself is still measured; the records say which pool the held-out arm used.
   log "the policy's summaries gave an empty pool: the extractive summarizer builds it instead"
-  timed pool_train_extractive "$PY" -m launch.eval "${POLICY_ARGS[@]}" --envs "$ENVS" --split train \
+  timed pool_train_extractive --builds "$RUN/pool_extractive" "$PY" -m launch.eval "${POLICY_ARGS[@]}" --envs "$ENVS" --split train \
     --num_tasks "$TRAIN_TASKS" "${ROLLOUT[@]}" --summarize_into "$RUN/pool_extractive" --summarizer extractive \
     --embedder minilm --out "$OUT/pool_train_extractive.json"
   POOL="$RUN/pool_extractive"
