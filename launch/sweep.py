@@ -38,7 +38,9 @@ flight and exits 143; the same command then finishes what is missing. A failed j
 of its log and the others go on; the exit status is the number of failed jobs (0: all done), 130 when interrupted.
 At the end `--report` runs. `--archive DIR` copies each finished job's records (no checkpoints) to DIR/POINT/seed=S
 with the sweep's definition (and those of jobs found done here, e.g. run by a scheduler), and a job done there is
-not run again (unless a job still to run starts from it).
+not run again (unless a job still to run starts from it). `--only GLOB` (repeatable) runs a slice of the grid, e.g.
+`--only '*/seed=0'` (one seed of every point first) or `--only 'gin_file=selfq/*'`, with the jobs it starts from; the
+definition, its check and the report stay those of the whole sweep.
 
 Cluster runs: `--dry_run` prints exactly one shell command line per job of the grid (done or not) on stdout and
 nothing else there (the `launch.train` command, to run in the repository root);
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fnmatch
 import itertools
 import json
 import os
@@ -237,6 +240,21 @@ class Job:
   def train_command(self, python: str = "python") -> list[str]:
     return [python, "-m", "launch.train", *[f"--gin_file={f}" for f in self.gin_files],
             *[f"--gin_bindings={b}" for b in self.bindings]]
+
+
+def select_jobs(jobs: Sequence[Job], patterns: Sequence[str]) -> list[Job]:
+  """The jobs whose names (POINT/seed=S) match one of the shell-style `patterns` (`fnmatch`: `*/seed=0`,
+  `gin_file=selfq/*`), with the jobs they start from, in the sweep's order; all of them when `patterns` is empty.
+  Raises ValueError for a pattern that matches no job (a typo would otherwise run nothing and say done)."""
+  if not patterns:
+    return list(jobs)
+  unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(job.name, p) for job in jobs)]
+  if unmatched:
+    raise ValueError(f"--only {', '.join(map(repr, unmatched))} matches no job of the sweep; its jobs are "
+                     f"{', '.join(job.name for job in jobs)}")
+  chosen = {job.name for job in jobs if any(fnmatch.fnmatchcase(job.name, p) for p in patterns)}
+  chosen |= {job.depends_on for job in jobs if job.name in chosen and job.depends_on}
+  return [job for job in jobs if job.name in chosen]
 
 
 def job_name(point: str, seed: int) -> str:
@@ -711,6 +729,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help="held-out eval tasks per env at each job's end (LoopConfig.eval_tasks); -1: the config's")
   parser.add_argument("--jobs", type=int, default=None, help="jobs at once here (default: see the rule above)")
   parser.add_argument("--job_memory_gb", type=float, default=DEFAULT_JOB_MEMORY_GB, help="one job's peak memory")
+  parser.add_argument("--only", action="append", default=[], metavar="GLOB",
+                      help="repeatable: run only the jobs named so (POINT/seed=S, shell-style: '*/seed=0', "
+                           "'gin_file=selfq/*') and those they start from; the sweep's definition stays whole")
   parser.add_argument("--dry_run", action="store_true", help="print one command line per job and run nothing")
   parser.add_argument("--emit", choices=("slurm", "tpu"), help="write a scheduler's script under ROOT, run nothing")
   parser.add_argument("--venv", default=".venv", help="with --emit slurm: the venv the tasks activate")
@@ -747,7 +768,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   args.eval_tasks = None if args.eval_tasks == -1 else args.eval_tasks
   try:
     definition = make_definition(args, root)
-    jobs = expand(definition)
+    all_jobs = expand(definition)
+    jobs = select_jobs(all_jobs, args.only)
   except ValueError as error:
     raise SystemExit(f"launch.sweep: {error}") from None
   if args.dry_run:
@@ -756,8 +778,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
   local_root = os.path.join(ROOT, root) if "://" not in root and not os.path.isabs(root) else root
   if "://" not in root:
-    check_definition(local_root, definition_record(definition, jobs))
-    for job in jobs:
+    check_definition(local_root, definition_record(definition, all_jobs))
+    for job in all_jobs:
       prepare_job(dataclasses.replace(job, directory=os.path.join(ROOT, job.directory)))
   if args.emit == "slurm":
     print("\n".join(emit_slurm(jobs, root, args.venv)))
@@ -769,7 +791,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise SystemExit("jobs run here need a local --root; an object-store root is for --emit tpu and --report")
   here = [dataclasses.replace(job, directory=os.path.join(ROOT, job.directory)) for job in jobs]
   max_jobs = args.jobs or default_jobs(args.job_memory_gb)
-  print(f"[sweep] {len(jobs)} jobs in {root}, at most {max_jobs} at once", file=sys.stderr)
+  chosen = f"{len(jobs)} of {len(all_jobs)}" if len(jobs) < len(all_jobs) else f"{len(jobs)}"
+  print(f"[sweep] {chosen} jobs in {root}, at most {max_jobs} at once", file=sys.stderr)
   archive = os.path.abspath(args.archive) if args.archive else None
   if archive:
     os.makedirs(archive, exist_ok=True)

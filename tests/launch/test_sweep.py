@@ -120,6 +120,19 @@ def test_a_job_starts_from_the_job_of_the_same_seed_that_it_names():
     sweep.expand(definition("r", ["x=[1,2]"], bindings=["INIT_CHECKPOINT = '{job:x=1}'"]))
 
 
+def test_only_selects_a_slice_with_the_jobs_it_starts_from_and_refuses_a_pattern_that_matches_nothing():
+  jobs = sweep.expand(definition(
+      "runs/c", seeds="0,1", zips=["gin_file=[gin_configs/compare/bc.gin,gin_configs/runs/grpo.gin]",
+                                   "INIT_CHECKPOINT=[None,'{job:gin_file=bc}']"]))
+  assert sweep.select_jobs(jobs, []) == jobs
+  assert [j.name for j in sweep.select_jobs(jobs, ["*/seed=1"])] == ["gin_file=bc/seed=1", "gin_file=grpo/seed=1"]
+  # grpo starts from bc: selecting grpo brings the bc of its seed, in the sweep's order.
+  assert [j.name for j in sweep.select_jobs(jobs, ["gin_file=grpo/seed=0"])] == [
+      "gin_file=bc/seed=0", "gin_file=grpo/seed=0"]
+  with pytest.raises(ValueError, match="'gin_file=dpo/\\*' matches no job"):
+    sweep.select_jobs(jobs, ["gin_file=grpo/*", "gin_file=dpo/*"])
+
+
 # -- the command line and schedulers ------------------------------------------------------------------------------
 
 
@@ -129,6 +142,11 @@ def test_dry_run_prints_exactly_one_train_command_per_job(tmp_path, capsys):
   lines = capsys.readouterr().out.splitlines()
   assert len(lines) == 30 and all(line.startswith("python -m launch.train --gin_file=") for line in lines)
   assert not (tmp_path / "s").exists()  # nothing written
+  assert sweep.main(["--root", str(tmp_path / "s"), "--gin_file=gin_configs/experience/init_train_update.gin",
+                     "--sweep", RATIO, "--sweep", MODE, "--seeds", "0,1", "--only", "rollout_ratio=0.5,*/seed=1",
+                     "--dry_run"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 3 and all("rollout_ratio=0.5," in line and "SEED = 1" in line for line in lines)
 
 
 def test_emit_slurm_writes_a_job_array_of_the_grid(tmp_path, capsys):
