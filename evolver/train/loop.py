@@ -76,6 +76,8 @@ class LoopConfig:
   Attributes:
     eval_every: steps between `val` evaluations; `val` also runs at the end of every segment (0: only there).
     eval_tasks: held-out `eval` tasks per env evaluated at the end (0: no held-out report).
+    eval_envs: the run's envs held out at the end (None: all of them), e.g. a BC run on four envs reported on the
+      two a comparison's RL runs train on; val still covers every env.
     eval_max_new_tokens, eval_max_rounds, eval_batch_size: the greedy val and eval episodes' limits per turn,
       per episode (None: each env's own) and in flight at once.
     max_context_tokens: the most tokens an episode of the run's rollout engine may hold, val, eval and the
@@ -98,6 +100,7 @@ class LoopConfig:
 
   eval_every: int = 0
   eval_tasks: int = 0
+  eval_envs: tuple[str, ...] | None = None
   eval_max_new_tokens: int = 96
   eval_max_rounds: int | None = None
   eval_batch_size: int = 64
@@ -115,6 +118,10 @@ class LoopConfig:
     if self.val_samples < 1 or self.eval_samples < 0 or self.eval_samples == 1:
       raise ValueError(f"val_samples ({self.val_samples}) must be >= 1 and eval_samples ({self.eval_samples}) 0 "
                        "or >= 2 (a sampled avg@k beside the greedy figure)")
+    if self.eval_envs is not None:
+      object.__setattr__(self, "eval_envs", tuple(self.eval_envs))  # gin gives a list
+      if not self.eval_envs:
+        raise ValueError("eval_envs is empty: None holds out every env of the run")
     if self.val_samples > 1 and self.val_temperature <= 0:
       raise ValueError(f"sampled val (val_samples {self.val_samples}) needs val_temperature > 0")
 
@@ -182,6 +189,9 @@ class Loop:
     self.envs = list(envs)
     self.val_indices = list(val_indices)
     self.config = config or LoopConfig()
+    unknown = sorted(set(self.config.eval_envs or ()) - set(self.envs))
+    if unknown:
+      raise ValueError(f"LoopConfig.eval_envs names {unknown}, not envs of this run ({self.envs})")
     self.updates_per_step = updates_per_step
     self.state_owners = list(state_owners)
     self.best_val: float | None = None
@@ -373,7 +383,10 @@ class Loop:
     samples = kwargs.get("num_samples", 1)
     kwargs.setdefault("progress", f"{'val' if kwargs.get('split') == 'train' else 'held-out'}, "
                                   f"{f'avg@{samples}' if samples > 1 else 'greedy'}")
-    return evaluation.evaluate(self.sync_policy(params), self.tokenizer, self.envs, **kwargs)
+    envs = self.envs
+    if kwargs.get("split") == "eval" and config.eval_envs is not None:
+      envs = [env for env in self.envs if env in config.eval_envs]
+    return evaluation.evaluate(self.sync_policy(params), self.tokenizer, envs, **kwargs)
 
   # -- the end -----------------------------------------------------------------------------------------------
 

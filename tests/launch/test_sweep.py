@@ -304,7 +304,7 @@ def test_the_default_job_count_follows_cores_and_memory():
 
 # -- the ready-made sweeps ------------------------------------------------------------------------------------------
 
-SWEEPS = {"ratio_mode.sh": 5 * 3 * 3, "mechanisms.sh": 6 * 3}
+SWEEPS = {"ratio_mode.sh": 5 * 3 * 3, "mechanisms.sh": 7 * 3}
 # In a fresh process (gin's state is global): parse each job's gin files and bindings as launch.train would.
 PARSE_JOBS = """
 import json, sys

@@ -38,12 +38,12 @@ class Counter:
 
 
 def make_loop(model_dir, tokenizer, owner, *, val=(), eval_every=0, eval_tasks=0, checkpoint_every=2,
-              max_context_tokens=None, **loop_config):
+              max_context_tokens=None, envs=("maze",), **loop_config):
   trainer = Trainer(str(model_dir), make_model(CONFIG, seed=0), optimizer_lib.make_optimizer(10, learning_rate=1e-2),
                     step_lib.sft_loss_fn, config=TrainerConfig(checkpoint_every=checkpoint_every, async_checkpoint=False))
   config = LoopConfig(eval_every=eval_every, eval_tasks=eval_tasks, eval_max_new_tokens=8, eval_max_rounds=1,
                       max_context_tokens=max_context_tokens, **loop_config)
-  return Loop("test", str(model_dir), trainer, tokenizer, envs=["maze"], val_indices=list(val), config=config,
+  return Loop("test", str(model_dir), trainer, tokenizer, envs=list(envs), val_indices=list(val), config=config,
               state_owners=[owner])
 
 
@@ -172,6 +172,22 @@ def test_when_val_selects_the_last_policy_its_results_are_not_evaluated_twice(tm
   last = json.loads((tmp_path / "eval_results_last.json").read_text())
   assert last["envs"] == selected["envs"] and last["policy_step"] == 1
   assert not (tmp_path / "eval_samples_last.json").exists()
+
+
+def test_eval_envs_hold_out_some_of_the_run_envs_while_val_covers_all(tmp_path, tokenizer, batch):
+  owner = Counter()
+  loop = make_loop(tmp_path, tokenizer, owner, val=[0], eval_every=1, eval_tasks=1, checkpoint_every=100,
+                   envs=("maze", "sql"), eval_envs=["sql"])
+  loop.resume()
+  run_steps(loop, batch, owner, 1)
+  val_row = next(r for r in metrics_lib.read_metrics(str(tmp_path)) if "val/overall/success" in r)
+  assert "val/maze/success" in val_row and "val/sql/success" in val_row
+  results = loop.finish()
+  assert list(results["envs"]) == ["sql"] and results["envs"]["sql"]["num_tasks"] == 1
+  with pytest.raises(ValueError, match=r"eval_envs names \['babyai'\], not envs of this run"):
+    make_loop(tmp_path / "other", tokenizer, Counter(), envs=("maze",), eval_envs=("babyai",))
+  with pytest.raises(ValueError, match="eval_envs is empty"):
+    LoopConfig(eval_envs=())
 
 
 def test_loop_config_refuses_unpaired_or_degenerate_sampling():
