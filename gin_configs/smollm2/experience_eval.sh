@@ -53,17 +53,18 @@ timed() {  # timed NAME [--builds DIR] CMD...: runs CMD unless OUT/NAME.json exi
 pool_size() { "$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['experience_summary']['size'])" "$1"; }
 POLICY_POOL=(--builds "$RUN/pool")  # an empty pool recorded need not be rebuilt: the extractive one is used instead
 if [ -e "$OUT/pool_train.json" ] && [ "$(pool_size "$OUT/pool_train.json")" = 0 ]; then POLICY_POOL=(); fi
-timed pool_train "${POLICY_POOL[@]}" "$PY" -m launch.eval "${POLICY_ARGS[@]}" --envs "$ENVS" --split train --num_tasks "$TRAIN_TASKS" \
-  "${ROLLOUT[@]}" --summarize_into "$RUN/pool" --summarizer policy --embedder minilm --out "$OUT/pool_train.json"
+timed pool_train "${POLICY_POOL[@]}" "$PY" -m launch.eval "${POLICY_ARGS[@]}" --envs "$ENVS" --split train \
+  --num_tasks "$TRAIN_TASKS" "${ROLLOUT[@]}" --summarize_into "$RUN/pool" --summarizer policy --embedder minilm \
+  --out "$OUT/pool_train.json"
 POOL="$RUN/pool"
 if [ "$(pool_size "$OUT/pool_train.json")" = 0 ]; then
   # At 135M the policy's summaries may not parse at all (pool_train.json counts them): the same episodes are
   # then summarized without a model (the extractive summarizer: the solved episodes' actions as memories), so
   # retrieval itself is still measured; the records say which pool the held-out arm used.
   log "the policy's summaries gave an empty pool: the extractive summarizer builds it instead"
-  timed pool_train_extractive --builds "$RUN/pool_extractive" "$PY" -m launch.eval "${POLICY_ARGS[@]}" --envs "$ENVS" --split train \
-    --num_tasks "$TRAIN_TASKS" "${ROLLOUT[@]}" --summarize_into "$RUN/pool_extractive" --summarizer extractive \
-    --embedder minilm --out "$OUT/pool_train_extractive.json"
+  timed pool_train_extractive --builds "$RUN/pool_extractive" "$PY" -m launch.eval "${POLICY_ARGS[@]}" \
+    --envs "$ENVS" --split train --num_tasks "$TRAIN_TASKS" "${ROLLOUT[@]}" --summarize_into "$RUN/pool_extractive" \
+    --summarizer extractive --embedder minilm --out "$OUT/pool_train_extractive.json"
   POOL="$RUN/pool_extractive"
 fi
 # 2. Held out without the pool, then with it, paired (paired.json in OUT/with_pool/).

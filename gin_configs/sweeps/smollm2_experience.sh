@@ -5,7 +5,8 @@
 # each arm's last policy (val only at the end, the start not a candidate: this compares what the two trainings did)
 # held out on 25 `eval` tasks per env, greedy and avg@4 (temperature 1, seed 0: both arms and the start play the
 # same episodes); 1 seed, one job at a time (each peaks near 10 GB). Starts from runs/smollm2/warmup
-# (gin_configs/smollm2/warmup.gin); the start's own evaluation on those episodes is experiment (b)'s plain arm (gin_configs/smollm2/experience_eval.sh).
+# (gin_configs/smollm2/warmup.gin); the start's own evaluation on those episodes is experiment (b)'s plain arm
+# (gin_configs/smollm2/experience_eval.sh).
 #   bash gin_configs/sweeps/smollm2_experience.sh     # runs/smollm2/c, resumable; records to results/smollm2/c/
 #   python -m launch.sweep --root results/smollm2/c --report --baseline_eval results/smollm2/b_experience/plain
 # Expected on 2 idle CPU cores: ~30 min of steps and ~40 min of held-out evaluation a job, ~2.5 h for both.
