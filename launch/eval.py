@@ -32,7 +32,9 @@ success per env and overall over the episodes present in both, paired by (env, i
 bootstrap 95% interval resampling tasks. "overall" weights envs equally, as the overall success does: the mean
 over envs of each env's difference, its interval from resampling each env's tasks and averaging the env means.
 Evaluations that differ in split, num_samples, temperature or (sampled) top_p or seed are not paired: refused. The
-table is printed and written as paired.json beside the results.
+table is printed and written as paired.json beside the results. A local policy's results name it under "policy"
+with its weights' `params_digest` (`evaluation.params_digest`), the identity `LoopConfig.start_eval` checks before
+a run reuses them as its start's held-out report.
 
 `--policy openai` plays the same episodes with a model behind an OpenAI-compatible chat endpoint (a vLLM or SGLang
 server, or a hosted API; `evolver.rollout.api`): each assistant turn is one `/chat/completions` request with the
@@ -67,6 +69,11 @@ loop does (`ExperienceManager.transform_openings`). The tasks and each episode's
 the same evaluation without it, so `--baseline` pairs the two. The results get "experience" (the pool, its size,
 top_k, how many episodes got memories) and each episode the ids of the memories it carried. Given both, the episodes
 are summarized without the experience they were given, as in the RL loop.
+
+`--save_episodes` also writes each evaluation's episodes beside its results file as NAME_episodes.json: AgentTraj
+items (`evolver.data.agenttraj`, readable by `read_agenttraj`) holding each conversation as the policy saw it, the
+memories it was given included, with the sample, sampled turns, finish reason and `added` (the memory ids and
+text). The results keep outcomes only; this is where to read why an episode went as it did.
 """
 
 from __future__ import annotations
@@ -79,8 +86,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from flax import nnx
+
 from evolver import envs as envs_lib
 from evolver import paths
+from evolver.data import agenttraj
 from evolver.experience.records import ExperienceError, check_workspace_id
 from evolver.experience.store import ExperienceStore
 from evolver.experience.summarizer import ExtractiveSummarizer, LLMSummarizer, Summarizer, SummarizerUnavailable
@@ -496,6 +506,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   exp.add_argument("--workspace_id", default=None, help=f"the pool's workspace in DIR (default {WORKSPACE_ID!r})")
   exp.add_argument("--embedder", default=None, choices=EMBEDDERS,
                    help=f"embeds the memories' when_to_use and the queries (default {EMBEDDER})")
+  parser.add_argument("--save_episodes", action="store_true",
+                      help="also write each evaluation's episodes, the conversations as the policy saw them "
+                           "(memories included), beside its results file as NAME_episodes.json (AgentTraj)")
   parser.add_argument("--out", default=None,
                       help="output file (or directory); default MODEL_DIR/eval_results.json with --model_dir, "
                            "else eval_results.json; with --with_greedy a directory (default MODEL_DIR, else .)")
@@ -522,6 +535,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return evaluate_and_report(args, names, planned, outputs, baseline)
 
 
+def write_episodes(results_file: str, rollouts: Sequence[Rollout]) -> str:
+  """--save_episodes: one evaluation's episodes, in the order of its results' "episodes", as AgentTraj items (the
+  conversation as the policy saw it, memories included, and evolver's keys) with the sample, sampled turns,
+  finish reason and what the opening was given (`added`: memory ids and text; {} if nothing), written beside
+  `results_file` as NAME_episodes.json. Returns the file."""
+  items = [{**agenttraj.trajectory_to_item(r), "sample": r.sample, "turns": r.turns,
+            "finish_reason": r.finish_reason, "added": r.added} for r in rollouts]
+  return str(paths.write_json(results_file.removesuffix(".json") + "_episodes.json", items, indent=1))
+
+
 def evaluate_and_report(args: argparse.Namespace, names: list[str], planned: dict[str, dict[str, Any]],
                         outputs: dict[str, str] | None, baseline: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
   """Loads the policy, runs the planned evaluations (and the summary, with --summarize_into), writes and prints
@@ -535,13 +558,15 @@ def evaluate_and_report(args: argparse.Namespace, names: list[str], planned: dic
       raise SystemExit("--base_url and --model are for --policy openai (an endpoint); the local policy is "
                        "--hf_checkpoint DIR, --model_dir RUN or --gguf FILE")
     model, tok, source = load_policy(args)
+    source["params_digest"] = evaluation.params_digest(nnx.state(model, nnx.Param))  # LoopConfig.start_eval's check
     policy = Sampler(model, max_length=args.max_context_tokens)
   retriever = open_pool(args, args.experience, tok, retrieve=True) if args.experience else None
   summary_pool = summary_context = summary_generate = None
   if args.summarize_into:
     summarizer, summary_context, summary_generate = make_summarizer(args, policy, tok, source)
     summary_pool = open_pool(args, args.summarize_into, tok, retrieve=False, summarizer=summarizer)
-  evals, played = {}, []
+  evals: dict[str, dict[str, Any]] = {}
+  played: dict[str, list[Rollout]] = {}
   try:
     for kind, settings in planned.items():
       rollouts: list[Rollout] = []
@@ -556,7 +581,7 @@ def evaluate_and_report(args: argparse.Namespace, names: list[str], planned: dic
       if retriever is not None:
         results["experience"] = experience_record(args, retriever, results, rollouts)
       evals[kind] = results
-      played += rollouts
+      played[kind] = rollouts
   except APIRequestError as error:
     raise SystemExit(f"the endpoint refused a request: {error}") from None
   finally:
@@ -573,7 +598,8 @@ def evaluate_and_report(args: argparse.Namespace, names: list[str], planned: dic
             f"{e['size']} in {e['pool']}/{e['workspace_id']})")
   if summary_pool is not None:
     # After the results are written: a summarizer that fails loses no evaluation.
-    summary = summarize_into(args, summary_pool, played, summary_context, summary_generate)
+    summary = summarize_into(args, summary_pool, [r for kind in evals for r in played[kind]], summary_context,
+                             summary_generate)
     for results in evals.values():
       results["experience_summary"] = summary
     written = [evaluation.write_eval_results(targets[kind], results) for kind, results in evals.items()]
@@ -585,6 +611,8 @@ def evaluate_and_report(args: argparse.Namespace, names: list[str], planned: dic
     summary_pool.close()
   if retriever is not None:
     retriever.close()
+  if args.save_episodes:
+    written += [write_episodes(path, played[kind]) for kind, path in zip(evals, written)]
   for path in written:
     print(f"wrote {path}")
   if baseline is not None:

@@ -13,7 +13,9 @@ from flax import nnx
 from evolver import models
 from evolver.data.chat import end_of_turn_ids, render_chat
 from evolver.models.tokenizer import load_tokenizer
+from evolver.models import load_hf
 from evolver.train import checkpoints as ckpt_lib
+from evolver.train.evaluation import params_digest
 
 CHAT = [{"role": "user", "content": "Map:\n#.S#\nYou are at (0, 2)."}, {"role": "assistant", "content": "Ok."},
         {"role": "user", "content": "Open: left."}, {"role": "assistant", "content": "Thought: go\nAction: move left"}]
@@ -98,7 +100,8 @@ def test_launch_eval_evaluates_the_export(exported, tmp_path):
                            "--max_new_tokens", "16", "--max_rounds", "2", "--out", str(out)])
   written = json.loads(out.read_text())
   assert written["envs"]["maze"]["num_tasks"] == 2 and written["envs"]["maze"]["num_failed"] == 0
-  assert written["policy"] == {"hf_checkpoint": str(exported)}
+  assert written["policy"] == {"hf_checkpoint": str(exported),
+                               "params_digest": params_digest(nnx.state(load_hf(str(exported)), nnx.Param))}
   assert results["overall"]["num_episodes"] == 2
 
 

@@ -22,11 +22,14 @@ as AgentGym reports), plus the summed counts.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
@@ -78,6 +81,11 @@ def summarize(trajectories: Sequence[Rollout], env_names: Sequence[str],
                              for k in MEAN_KEYS}
   overall.update({k: int(sum(per_env[n][k] for n in env_names)) for k in COUNT_KEYS})
   return {"envs": per_env, "overall": overall}
+
+
+def env_versions(env_names: Sequence[str], env_factory: Callable[[str], Any] = envs_lib.make) -> dict[str, str]:
+  """Each env's `version` (what its tasks and rules are), by name."""
+  return _task_indices(env_names, "eval", None, 0, 0, env_factory)[1]
 
 
 def _task_indices(env_names: Sequence[str], split: str, indices, start: int, num_tasks: int | None,
@@ -194,6 +202,70 @@ def evaluate(policy: RolloutEngine | APIRolloutEngine | Sampler | Decoder, token
          "turns": t.turns, "finish_reason": t.finish_reason, "failed": t.failed, "error": t.error}
         for t in batch.trajectories]
   return results
+
+
+def params_digest(params: Any) -> str:
+  """The identity of an evaluated policy: sha256 (16 hex digits) over its parameters' paths, dtypes, shapes and
+  bytes, in path order. A model loaded from a checkpoint (`nnx.state(model, nnx.Param)`) and a trainer's policy
+  copy of the same weights in the same dtype give the same digest; any changed weight or dtype changes it."""
+  leaves = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    name = jax.tree_util.keystr(path, simple=True, separator="/").removesuffix("/value")
+    leaves.append((name, np.asarray(jax.device_get(leaf))))
+  digest = hashlib.sha256()
+  for name, array in sorted(leaves, key=lambda item: item[0]):
+    digest.update(f"{name}|{array.dtype}|{array.shape}|".encode())
+    digest.update(np.ascontiguousarray(array).tobytes())
+  return digest.hexdigest()[:16]
+
+
+# The settings that make two evaluations of one policy play the same episodes (with the envs, tasks and policy).
+# Not recorded, so not compared: the context limit (`max_context_tokens`) and the episodes' openings.
+EPISODE_SETTINGS = ("split", "num_samples", "temperature", "top_p", "seed", "max_new_tokens", "max_rounds")
+
+
+def load_eval_results(path: paths.PathLike) -> dict[str, Any]:
+  """A results file written by `write_eval_results`; raises ValueError naming the file where it is missing or
+  not an evaluation."""
+  target = paths.as_path(path)
+  if not target.exists():
+    raise ValueError(f"{target}: no such evaluation file")
+  try:
+    results = json.loads(target.read_text())
+  except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    raise ValueError(f"{target}: not JSON ({error})") from None
+  if not isinstance(results, dict) or not {"envs", "episodes", *EPISODE_SETTINGS} <= set(results):
+    raise ValueError(f"{target}: not an evaluation with its episodes (want the keys of `evaluate`'s results)")
+  return results
+
+
+def reuse_problem(results: Mapping[str, Any], *, envs: Sequence[str], num_tasks: int,
+                  versions: Mapping[str, str] | None = None, digest: str | None = None,
+                  **settings: Any) -> str | None:
+  """Why `results` (an evaluation's record) cannot stand for evaluating a policy on the first `num_tasks` tasks
+  of each of `envs` with `settings` (`EPISODE_SETTINGS`), or None where it can: the same settings, envs, task
+  indices and env versions (where
+  `versions` is given), and the policy's `params_digest` (where `digest` is given; a record without one does
+  not qualify)."""
+  for key, want in settings.items():
+    if key not in EPISODE_SETTINGS:
+      raise ValueError(f"unknown evaluation setting {key!r}; known: {EPISODE_SETTINGS}")
+    if results.get(key) != want:
+      return f"{key} is {results.get(key)!r}, this evaluation's {want!r}"
+  if sorted(results["envs"]) != sorted(envs):
+    return f"envs are {sorted(results['envs'])}, this evaluation's {sorted(envs)}"
+  for name in envs:
+    indices = sorted({e["index"] for e in results["episodes"] if e["env"] == name})
+    if indices != list(range(num_tasks)):
+      return f"{name}'s tasks are not the first {num_tasks} ({len(indices)} tasks)"
+    if versions is not None and results["envs"][name].get("version") != versions[name]:
+      return f"{name} is version {results['envs'][name].get('version')!r}, now {versions[name]!r}"
+  if digest is not None:
+    recorded = (results.get("policy") or {}).get("params_digest")
+    if recorded != digest:
+      return (f"its policy's params_digest is {recorded!r}, this policy's {digest!r}" if recorded
+              else "it names no params_digest of its policy (evaluate with `launch.eval`, which records it)")
+  return None
 
 
 def flatten_metrics(results: Mapping[str, Any], prefix: str = "eval") -> dict[str, float]:

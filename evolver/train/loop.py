@@ -96,6 +96,15 @@ class LoopConfig:
       into `MODEL_DIR/eval_results_last.json` (`eval_samples_last.json`), reported and never selected on: where
       val kept an earlier policy (the start, say), the selected policy's figures say nothing of what the updates
       did, and these do. When val selected the last policy they are the selected one's, not evaluated twice.
+    start_eval: a directory with the starting policy's own held-out evaluations made with this run's settings
+      (`eval_results.json`, and `eval_samples.json` with eval_samples; e.g. `launch.eval --hf_checkpoint START
+      --num_samples K --with_greedy --out DIR`, which records the policy's `params_digest`): where val keeps the
+      start (step 0), they are copied as the selected policy's (marked `reused_from`) instead of evaluated again,
+      as every run from one start would repeat the same episodes. Read when the run is made (missing or
+      malformed files are refused) and used only where they match this run: the settings, the tasks, the envs'
+      versions and the digest of this run's starting weights (else a notice says what differs and the run
+      evaluates as without it); nor where the held-out episodes get openings of their own (experience at eval).
+      The context limit is not recorded: the user's to keep equal.
   """
 
   eval_every: int = 0
@@ -111,6 +120,7 @@ class LoopConfig:
   val_start: bool = False
   eval_samples: int = 0
   eval_last: bool = False
+  start_eval: str | None = None
 
   def __post_init__(self):
     if self.eval_every < 0 or self.eval_tasks < 0:
@@ -201,8 +211,54 @@ class Loop:
     self._engine: RolloutEngine | None = None
     self._wrote_operative = False
     self._sigterm = False
+    self.start_evaluations = (self._load_start_evaluations()
+                              if self.config.start_eval and self.config.eval_tasks else None)
     write_gin_config(self.model_dir)
     ckpt_lib.save_run_tokenizer(self.model_dir, tokenizer)
+
+  def _held_out_envs(self) -> list[str]:
+    return [env for env in self.envs if self.config.eval_envs is None or env in self.config.eval_envs]
+
+  def _held_out_settings(self, sampled: bool) -> dict[str, Any]:
+    """The episode settings (`evaluation.EPISODE_SETTINGS`) of the held-out evaluations `finish` runs."""
+    config = self.config
+    samples = dict(num_samples=config.eval_samples, temperature=1.0, seed=0) if sampled else dict(
+        num_samples=1, temperature=0.0, seed=0)
+    return dict(split="eval", top_p=1.0, max_new_tokens=config.eval_max_new_tokens,
+                max_rounds=config.eval_max_rounds, **samples)
+
+  def _load_start_evaluations(self) -> dict[str, dict[str, Any]] | None:
+    """`LoopConfig.start_eval`'s records ({"greedy": ..., ["sampled": ...]}) where they hold this run's start (the
+    trainer's parameters before any update) held out with this run's settings; else None, after a notice naming
+    what differs. Raises ValueError where a file is missing or not an evaluation."""
+    directory = paths.as_path(self.config.start_eval)
+    envs = self._held_out_envs()
+    versions = evaluation.env_versions(envs)
+    digest = evaluation.params_digest(self._local_policy_params())
+    files = {"greedy": EVAL_RESULTS_FILE, **({"sampled": EVAL_SAMPLES_FILE} if self.config.eval_samples else {})}
+    records = {}
+    for kind, file in files.items():
+      records[kind] = evaluation.load_eval_results(directory / file)
+      problem = evaluation.reuse_problem(records[kind], envs=envs, num_tasks=self.config.eval_tasks,
+                                         versions=versions, digest=digest,
+                                         **self._held_out_settings(kind == "sampled"))
+      if problem:
+        print(f"[{self.name}] LoopConfig.start_eval: {directory / file} is not this run's start held out as this "
+              f"run holds out ({problem}): the run evaluates its start itself if val keeps it", flush=True)
+        return None
+    return records
+
+  def _reused_start(self, policy_step: int, kind: str) -> dict[str, Any] | None:
+    """`LoopConfig.start_eval`'s `kind` record ("greedy" or "sampled") where it stands for the selected policy
+    (the start, update step 0, and no openings of the held-out episodes' own), else None."""
+    if self.start_evaluations is None or policy_step != 0 or kind not in self.start_evaluations:
+      return None
+    if self.eval_openings is not None and self.eval_openings(self.step) is not None:
+      return None  # e.g. experience at eval: the start's record was played without it
+    results = dict(self.start_evaluations[kind])
+    results["reused_from"] = str(paths.as_path(self.config.start_eval) /
+                                 (EVAL_RESULTS_FILE if kind == "greedy" else EVAL_SAMPLES_FILE))
+    return results
 
   # -- state -------------------------------------------------------------------------------------------------
 
@@ -383,9 +439,7 @@ class Loop:
     samples = kwargs.get("num_samples", 1)
     kwargs.setdefault("progress", f"{'val' if kwargs.get('split') == 'train' else 'held-out'}, "
                                   f"{f'avg@{samples}' if samples > 1 else 'greedy'}")
-    envs = self.envs
-    if kwargs.get("split") == "eval" and config.eval_envs is not None:
-      envs = [env for env in self.envs if env in config.eval_envs]
+    envs = self._held_out_envs() if kwargs.get("split") == "eval" else self.envs
     return evaluation.evaluate(self.sync_policy(params), self.tokenizer, envs, **kwargs)
 
   # -- the end -----------------------------------------------------------------------------------------------
@@ -421,12 +475,16 @@ class Loop:
     try:
       if self.config.eval_tasks:
         policy_step, selected_on = self.selected_policy()
-        reused = bool(reuse and policy_step in reuse)
+        start_greedy, start_samples = self._reused_start(policy_step, "greedy"), self._reused_start(policy_step,
+                                                                                                     "sampled")
+        reused = start_greedy is not None or bool(reuse and policy_step in reuse)
         params = None
-        if not reused or self.config.eval_samples:
+        if not reused or (self.config.eval_samples and start_samples is None):
           params = (self.restore_params(self.model_dir, policy_step) if selected_on == "val"
                     else self.trainer.state.params)
-        if reused:
+        if start_greedy is not None:
+          results = start_greedy
+        elif reused:
           results = dict(reuse[policy_step])
         else:
           results = self.evaluate(params, split="eval", num_tasks=self.config.eval_tasks)
@@ -434,8 +492,9 @@ class Loop:
                        **(extra_results or {}))
         row = evaluation.flatten_metrics(results, "eval")
         if self.config.eval_samples:
-          samples = self.evaluate(params, split="eval", num_tasks=self.config.eval_tasks,
-                                  num_samples=self.config.eval_samples, temperature=1.0, seed=0)
+          samples = start_samples if start_samples is not None else self.evaluate(
+              params, split="eval", num_tasks=self.config.eval_tasks, num_samples=self.config.eval_samples,
+              temperature=1.0, seed=0)
           samples.update(policy_step=results["policy_step"], selected_on=selected_on)
           evaluation.write_eval_results(self.model_dir / EVAL_SAMPLES_FILE, samples)
           row.update(evaluation.flatten_metrics(samples, "eval_sampled"))
@@ -447,6 +506,9 @@ class Loop:
         self.writer.write(self.step, row)
         print(f"\nheld-out {results['split']} split: the policy of step {results['policy_step']} (selected on "
               f"{results['selected_on']})")
+        for record in (results, samples if self.config.eval_samples else {}):
+          if "reused_from" in record:
+            print(f"(the start's own evaluation, reused from {record['reused_from']}: LoopConfig.start_eval)")
         evaluation.print_table(results)
         if self.config.eval_samples:
           evaluation.print_table(samples)

@@ -11,6 +11,7 @@ import os
 import pytest
 
 from evolver import envs
+from evolver.data import agenttraj
 from evolver.experience import manager as manager_lib
 from evolver.experience.store import ExperienceStore
 from evolver.models import generate as generate_lib
@@ -72,7 +73,8 @@ def test_summarize_into_then_evaluate_with_it_paired(tmp_path, played):
     assert memory.when_to_use in tasks and memory.author == "extractive"
     assert memory.metadata["env"] == "maze" and memory.metadata["committed_step"] is None
 
-  results = eval_cli.main([*EPISODES, "--out", with_pool, "--experience", pool, "--baseline", plain])
+  results = eval_cli.main([*EPISODES, "--out", with_pool, "--experience", pool, "--baseline", plain,
+                           "--save_episodes"])
   record = results["experience"]
   assert record == read(with_pool)["experience"]
   assert (record["pool"], record["size"], record["top_k"], record["episodes"], record["episodes_with"]) == \
@@ -90,6 +92,16 @@ def test_summarize_into_then_evaluate_with_it_paired(tmp_path, played):
     assert set(after.added["experience"]) <= ids
   episodes = read(with_pool)["episodes"]
   assert [e["experience"] for e in episodes] == [r.added["experience"] for r in given]
+  # --save_episodes: the conversations as the policy saw them, memories in the opening, read back as AgentTraj.
+  saved_path = str(tmp_path / "with_pool_episodes.json")
+  saved = agenttraj.read_agenttraj(saved_path)
+  assert [t.messages for t in saved] == [r.messages for r in given]
+  assert all(TEMPLATE_HEAD in t.messages[after.opening_len - 1].content for t, after in zip(saved, given))
+  items = read(saved_path)
+  assert [(i["env"], i["task_index"], i["sample"], i["success"], i["turns"]) for i in items] == \
+      [(e["env"], e["index"], e["sample"], e["success"], e["turns"]) for e in episodes]
+  assert [i["added"]["experience"] for i in items] == [e["experience"] for e in episodes]
+  assert not os.path.exists(str(tmp_path / "plain_episodes.json"))  # only where asked
   # The same tasks and sampling settings as without: paired.
   base = read(plain)
   assert [(e["env"], e["index"], e["sample"]) for e in episodes] == \

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+from flax import nnx
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -23,6 +24,7 @@ from evolver.data.chat import end_of_turn_ids, render_chat  # noqa: E402
 from evolver.models import gguf  # noqa: E402
 from evolver.models.sampler import Sampler, SamplingParams  # noqa: E402
 from evolver.models.tokenizer import load_tokenizer  # noqa: E402
+from evolver.train.evaluation import params_digest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -330,7 +332,8 @@ def test_launch_eval_plays_a_gguf_file_zero_shot(tmp_path, capsys):
   out = tmp_path / "eval.json"
   results = eval_cli.main(["--gguf", path, "--envs", "maze", "--num_tasks", "1", "--max_rounds", "1",
                            "--max_new_tokens", "4", "--max_context_tokens", "2048", "--out", str(out)])
-  assert results["policy"] == {"gguf": path} and json.loads(out.read_text())["policy"] == {"gguf": path}
+  policy = {"gguf": path, "params_digest": params_digest(nnx.state(gguf.load_gguf(path), nnx.Param))}
+  assert results["policy"] == policy and json.loads(out.read_text())["policy"] == policy
   assert results["envs"]["maze"]["num_episodes"] == 1 and results["envs"]["maze"]["num_failed"] == 0
   with pytest.raises(SystemExit, match="exactly one of --hf_checkpoint DIR, --model_dir RUN_DIR and --gguf"):
     eval_cli.main(["--gguf", path, "--hf_checkpoint", str(tmp_path), "--envs", "maze"])

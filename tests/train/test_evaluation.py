@@ -8,13 +8,17 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 from evolver import envs
-from evolver.models import save_hf
+from evolver.models import load_hf, save_hf
 from evolver.models.tokenizer import load_tokenizer
 from evolver.rollout import Rollout, RolloutEngine
-from evolver.train.evaluation import evaluate, flatten_metrics, summarize, summarize_env, write_eval_results
+from evolver.train.evaluation import (evaluate, flatten_metrics, params_digest, summarize, summarize_env,
+                                      write_eval_results)
 from tests.rollout.tiny_policy import tiny_model, tiny_sampler
 from tests.subprocess_env import one_device_env
 
@@ -150,7 +154,8 @@ def test_launch_eval_end_to_end(tok, tmp_path):
     assert r["num_tasks"] == 3 and r["num_episodes"] == 3 and r["num_failed"] == 0
     assert r["version"] == envs.make(name).version
     assert 1 <= r["turns"] <= 2
-  assert results["policy"] == {"hf_checkpoint": checkpoint}
+  assert results["policy"] == {"hf_checkpoint": checkpoint,
+                               "params_digest": params_digest(nnx.state(load_hf(checkpoint), nnx.Param))}
   assert len(results["episodes"]) == 6
 
 
@@ -184,3 +189,13 @@ def test_launch_eval_with_greedy_then_baseline(tmp_path):
   for kind, pairs in (("greedy", 2), ("sampled", 4)):
     for e in (paired[kind]["envs"]["maze"], paired[kind]["overall"]):
       assert (e["diff"], e["lo"], e["hi"], e["pairs"], e["tasks"]) == (0.0, 0.0, 0.0, pairs, 2)
+
+
+def test_params_digest_is_the_weights_identity(tokenizer):
+  params = nnx.state(tiny_model(tokenizer), nnx.Param)
+  digest = params_digest(params)
+  assert len(digest) == 16 and params_digest(nnx.state(tiny_model(tokenizer), nnx.Param)) == digest
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  changed = jax.tree_util.tree_unflatten(treedef, [leaves[0].at[(0,) * leaves[0].ndim].add(1e-3), *leaves[1:]])
+  as_bf16 = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
+  assert len({digest, params_digest(changed), params_digest(as_bf16)}) == 3

@@ -4,12 +4,15 @@ checkpoint, resume without repeated rows, and the held-out report of the selecte
 import copy
 import json
 import os
+import re
 
 import pytest
+from flax import nnx
 
 from evolver.data.chat import end_of_turn_ids
 from evolver.models import ModelConfig, make_model
 from evolver.train import checkpoints as ckpt_lib
+from evolver.train import evaluation
 from evolver.train import metrics as metrics_lib
 from evolver.train import optimizer as optimizer_lib
 from evolver.train import step as step_lib
@@ -266,3 +269,63 @@ def test_a_run_starts_only_from_a_run_that_kept_the_same_tokenizer(tmp_path, tok
   other.chat_template = "{{- 'You are an agent.\\n' }}" + tokenizer.chat_template
   with pytest.raises(ValueError, match="was trained with the tokenizer in"):
     init_policy(init_checkpoint=str(start), tokenizer=other)
+
+
+def write_start_evaluations(directory, tokenizer, *, seed=0, max_new_tokens=8):
+  """The start's own held-out evaluations, as `launch.eval --with_greedy` writes them (its policy's digest)."""
+  model = make_model(CONFIG, seed=seed)
+  digest = evaluation.params_digest(nnx.state(model, nnx.Param))
+  kwargs = dict(num_tasks=2, max_new_tokens=max_new_tokens, max_rounds=1)
+  for file, sampling in (("eval_results.json", {}), ("eval_samples.json", dict(num_samples=2, temperature=1.0))):
+    results = evaluation.evaluate(model, tokenizer, ["maze"], **kwargs, **sampling)
+    results["policy"] = {"hf_checkpoint": "start", "params_digest": digest}
+    evaluation.write_eval_results(directory / file, results)
+
+
+def test_start_eval_stands_for_the_start_when_val_keeps_it(tmp_path, tokenizer, batch):
+  start = tmp_path / "start"
+  write_start_evaluations(start, tokenizer)
+  owner = Counter()
+  loop = make_loop(tmp_path / "run", tokenizer, owner, val=[0], eval_every=2, eval_tasks=2, checkpoint_every=100,
+                   val_start=True, eval_samples=2, eval_last=True, start_eval=str(start))
+  loop.resume()
+  run_steps(loop, batch, owner, 2)
+  # What the loop itself plays for its start is what the record holds (the two evaluation paths agree).
+  own = loop.evaluate(loop.restore_params(loop.model_dir, 0), split="eval", num_tasks=2)
+  record = json.loads((start / "eval_results.json").read_text())
+  assert own["episodes"] == record["episodes"]
+  assert own["rollout_stats"]["sampled_tokens"] == record["rollout_stats"]["sampled_tokens"] > 0
+  calls = []
+  original = loop.evaluate
+  loop.evaluate = lambda params, **kw: calls.append(kw) or original(params, **kw)
+  selected = loop.finish()
+  assert selected["policy_step"] == 0 and selected["reused_from"].endswith("start/eval_results.json")
+  samples = json.loads((tmp_path / "run" / "eval_samples.json").read_text())
+  assert samples["reused_from"].endswith("start/eval_samples.json")
+  assert samples["episodes"] == json.loads((start / "eval_samples.json").read_text())["episodes"]
+  assert [kw.get("num_samples", 1) for kw in calls] == [1, 2]  # only the last policy, greedy and sampled
+
+
+def test_start_eval_is_used_only_where_it_holds_this_start_held_out_alike(tmp_path, tokenizer, capsys):
+  def loop_with(start, **kwargs):
+    return make_loop(tmp_path / "run", tokenizer, Counter(), eval_tasks=2, eval_samples=2,
+                     start_eval=str(start), **kwargs)
+  with pytest.raises(ValueError, match="no such evaluation file"):
+    loop_with(tmp_path / "missing")
+  write_start_evaluations(tmp_path / "other_weights", tokenizer, seed=1)
+  write_start_evaluations(tmp_path / "longer_turns", tokenizer, max_new_tokens=16)
+  write_start_evaluations(tmp_path / "same", tokenizer)
+  for start, kwargs, problem in [
+      ("other_weights", {}, r"params_digest is '[0-9a-f]{16}', this policy's '[0-9a-f]{16}'"),
+      ("longer_turns", {}, "max_new_tokens is 16, this evaluation's 8"),
+      ("same", dict(envs=("maze", "sql")), r"envs are \['maze'\], this evaluation's \['maze', 'sql'\]")]:
+    loop = loop_with(tmp_path / start, **kwargs)
+    assert loop.start_evaluations is None and loop._reused_start(0, "greedy") is None
+    assert re.search(problem, capsys.readouterr().out)
+    loop.close()
+  # Experience at eval changes the start's openings: its record does not stand for it.
+  loop = loop_with(tmp_path / "same")
+  assert loop._reused_start(0, "greedy") is not None and loop._reused_start(4, "greedy") is None
+  loop.eval_openings = lambda step: (lambda tasks, openings: openings)
+  assert loop._reused_start(0, "greedy") is None
+  loop.close()
