@@ -36,6 +36,7 @@ cadences count from each segment's `origin`.
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import signal
 import threading
 import time
@@ -256,8 +257,9 @@ class Loop:
     if self.eval_openings is not None and self.eval_openings(self.step) is not None:
       return None  # e.g. experience at eval: the start's record was played without it
     results = dict(self.start_evaluations[kind])
-    results["reused_from"] = str(paths.as_path(self.config.start_eval) /
-                                 (EVAL_RESULTS_FILE if kind == "greedy" else EVAL_SAMPLES_FILE))
+    # As configured (a records path relative to the run's working directory stays so in the results).
+    results["reused_from"] = posixpath.join(self.config.start_eval,
+                                            EVAL_RESULTS_FILE if kind == "greedy" else EVAL_SAMPLES_FILE)
     return results
 
   # -- state -------------------------------------------------------------------------------------------------
