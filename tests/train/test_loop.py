@@ -271,11 +271,11 @@ def test_a_run_starts_only_from_a_run_that_kept_the_same_tokenizer(tmp_path, tok
     init_policy(init_checkpoint=str(start), tokenizer=other)
 
 
-def write_start_evaluations(directory, tokenizer, *, seed=0, max_new_tokens=8):
+def write_start_evaluations(directory, tokenizer):
   """The start's own held-out evaluations, as `launch.eval --with_greedy` writes them (its policy's digest)."""
-  model = make_model(CONFIG, seed=seed)
+  model = make_model(CONFIG, seed=0)
   digest = evaluation.params_digest(nnx.state(model, nnx.Param))
-  kwargs = dict(num_tasks=2, max_new_tokens=max_new_tokens, max_rounds=1)
+  kwargs = dict(num_tasks=2, max_new_tokens=8, max_rounds=1)
   for file, sampling in (("eval_results.json", {}), ("eval_samples.json", dict(num_samples=2, temperature=1.0))):
     results = evaluation.evaluate(model, tokenizer, ["maze"], **kwargs, **sampling)
     results["policy"] = {"hf_checkpoint": "start", "params_digest": digest}
@@ -312,11 +312,15 @@ def test_start_eval_is_used_only_where_it_holds_this_start_held_out_alike(tmp_pa
                      start_eval=str(start), **kwargs)
   with pytest.raises(ValueError, match="no such evaluation file"):
     loop_with(tmp_path / "missing")
-  write_start_evaluations(tmp_path / "other_weights", tokenizer, seed=1)
-  write_start_evaluations(tmp_path / "longer_turns", tokenizer, max_new_tokens=16)
   write_start_evaluations(tmp_path / "same", tokenizer)
+  for name, change in (("other_weights", {"policy": {"params_digest": "0123456789abcdef"}}),
+                       ("longer_turns", {"max_new_tokens": 16})):
+    for file in ("eval_results.json", "eval_samples.json"):
+      record = json.loads((tmp_path / "same" / file).read_text())
+      (tmp_path / name).mkdir(exist_ok=True)
+      (tmp_path / name / file).write_text(json.dumps({**record, **change}))
   for start, kwargs, problem in [
-      ("other_weights", {}, r"params_digest is '[0-9a-f]{16}', this policy's '[0-9a-f]{16}'"),
+      ("other_weights", {}, r"params_digest is '0123456789abcdef', this policy's '[0-9a-f]{16}'"),
       ("longer_turns", {}, "max_new_tokens is 16, this evaluation's 8"),
       ("same", dict(envs=("maze", "sql")), r"envs are \['maze'\], this evaluation's \['maze', 'sql'\]")]:
     loop = loop_with(tmp_path / start, **kwargs)
