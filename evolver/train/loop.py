@@ -101,10 +101,11 @@ class LoopConfig:
       (`eval_results.json`, and `eval_samples.json` with eval_samples; e.g. `launch.eval --hf_checkpoint START
       --num_samples K --with_greedy --out DIR`, which records the policy's `params_digest`): where val keeps the
       start (step 0), they are copied as the selected policy's (marked `reused_from`) instead of evaluated again,
-      as every run from one start would repeat the same episodes. Read when the run is made (missing or
-      malformed files are refused) and used only where they match this run: the settings, the tasks, the envs'
-      versions and the digest of this run's starting weights (else a notice says what differs and the run
-      evaluates as without it); nor where the held-out episodes get openings of their own (experience at eval).
+      as every run from one start would repeat the same episodes. Read when the run is made (a file that is not
+      an evaluation is refused) and used only where they match this run: the settings, the tasks, the envs'
+      versions and the digest of this run's starting weights (else, or where a file is missing, a notice says
+      what differs and the run evaluates as without it); nor where the held-out episodes get openings of their
+      own (experience at eval).
       The context limit is not recorded: the user's to keep equal.
   """
 
@@ -231,7 +232,7 @@ class Loop:
   def _load_start_evaluations(self) -> dict[str, dict[str, Any]] | None:
     """`LoopConfig.start_eval`'s records ({"greedy": ..., ["sampled": ...]}) where they hold this run's start (the
     trainer's parameters before any update) held out with this run's settings; else None, after a notice naming
-    what differs. Raises ValueError where a file is missing or not an evaluation."""
+    what differs (or that a file is missing). Raises ValueError where a file is not an evaluation."""
     directory = paths.as_path(self.config.start_eval)
     envs = self._held_out_envs()
     versions = evaluation.env_versions(envs)
@@ -239,10 +240,13 @@ class Loop:
     files = {"greedy": EVAL_RESULTS_FILE, **({"sampled": EVAL_SAMPLES_FILE} if self.config.eval_samples else {})}
     records = {}
     for kind, file in files.items():
-      records[kind] = evaluation.load_eval_results(directory / file)
-      problem = evaluation.reuse_problem(records[kind], envs=envs, num_tasks=self.config.eval_tasks,
-                                         versions=versions, digest=digest,
-                                         **self._held_out_settings(kind == "sampled"))
+      if not (directory / file).exists():  # e.g. a shared recipe's binding, run from another working directory
+        problem = "no such file"
+      else:
+        records[kind] = evaluation.load_eval_results(directory / file)
+        problem = evaluation.reuse_problem(records[kind], envs=envs, num_tasks=self.config.eval_tasks,
+                                           versions=versions, digest=digest,
+                                           **self._held_out_settings(kind == "sampled"))
       if problem:
         print(f"[{self.name}] LoopConfig.start_eval: {directory / file} is not this run's start held out as this "
               f"run holds out ({problem}): the run evaluates its start itself if val keeps it", flush=True)

@@ -310,9 +310,11 @@ def test_start_eval_is_used_only_where_it_holds_this_start_held_out_alike(tmp_pa
   def loop_with(start, **kwargs):
     return make_loop(tmp_path / "run", tokenizer, Counter(), eval_tasks=2, eval_samples=2,
                      start_eval=str(start), **kwargs)
-  with pytest.raises(ValueError, match="no such evaluation file"):
-    loop_with(tmp_path / "missing")
   write_start_evaluations(tmp_path / "same", tokenizer)
+  (tmp_path / "broken").mkdir()
+  (tmp_path / "broken" / "eval_results.json").write_text("{not json")
+  with pytest.raises(ValueError, match="eval_results.json: not JSON"):
+    loop_with(tmp_path / "broken")
   for name, change in (("other_weights", {"policy": {"params_digest": "0123456789abcdef"}}),
                        ("longer_turns", {"max_new_tokens": 16})):
     for file in ("eval_results.json", "eval_samples.json"):
@@ -320,6 +322,7 @@ def test_start_eval_is_used_only_where_it_holds_this_start_held_out_alike(tmp_pa
       (tmp_path / name).mkdir(exist_ok=True)
       (tmp_path / name / file).write_text(json.dumps({**record, **change}))
   for start, kwargs, problem in [
+      ("missing", {}, r"missing/eval_results.json is not this run's start .* \(no such file\)"),
       ("other_weights", {}, r"params_digest is '0123456789abcdef', this policy's '[0-9a-f]{16}'"),
       ("longer_turns", {}, "max_new_tokens is 16, this evaluation's 8"),
       ("same", dict(envs=("maze", "sql")), r"envs are \['maze'\], this evaluation's \['maze', 'sql'\]")]:
