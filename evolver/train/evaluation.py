@@ -244,9 +244,8 @@ def reuse_problem(results: Mapping[str, Any], *, envs: Sequence[str], num_tasks:
                   **settings: Any) -> str | None:
   """Why `results` (an evaluation's record) cannot stand for evaluating a policy on the first `num_tasks` tasks
   of each of `envs` with `settings` (`EPISODE_SETTINGS`), or None where it can: the same settings, envs, task
-  indices and env versions (where
-  `versions` is given), and the policy's `params_digest` (where `digest` is given; a record without one does
-  not qualify)."""
+  indices and env versions (where `versions` is given), and the policy's `params_digest` (where `digest` is
+  given; a record without one does not qualify)."""
   for key, want in settings.items():
     if key not in EPISODE_SETTINGS:
       raise ValueError(f"unknown evaluation setting {key!r}; known: {EPISODE_SETTINGS}")

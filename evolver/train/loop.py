@@ -105,8 +105,7 @@ class LoopConfig:
       an evaluation is refused) and used only where they match this run: the settings, the tasks, the envs'
       versions and the digest of this run's starting weights (else, or where a file is missing, a notice says
       what differs and the run evaluates as without it); nor where the held-out episodes get openings of their
-      own (experience at eval).
-      The context limit is not recorded: the user's to keep equal.
+      own (experience at eval). The context limit is not recorded: the user's to keep equal.
   """
 
   eval_every: int = 0
